@@ -1,0 +1,3 @@
+"""sweepbench: Hydra-composed sweeps of distributed PyTorch benchmarks."""
+
+__version__ = "0.1.0"

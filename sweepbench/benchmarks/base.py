@@ -1,0 +1,60 @@
+"""What a benchmark is: a class that runs on every rank and returns verified, timed results."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from omegaconf import DictConfig
+
+from sweepbench.config.schema import BenchmarkConfig
+
+
+@dataclass
+class RankContext:
+    """Where a rank stands: its place in the default process group and its device."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str  # the backend actually used (never "auto")
+    cfg: DictConfig  # the whole resolved job config
+
+
+@dataclass
+class BenchmarkResult:
+    """What rank 0 reports. ``cases`` hold one dict per measured case (its parameters, timing
+    statistics of the slowest rank, derived rates); ``summary`` holds the headline numbers."""
+
+    cases: list[dict[str, Any]]
+    summary: dict[str, float]
+    verified: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Benchmark(ABC):
+    """Subclass, decorate with ``@register("name")`` and add ``conf/benchmark/<name>.yaml``."""
+
+    schema: ClassVar[type[BenchmarkConfig]] = BenchmarkConfig
+
+    def __init__(self, ctx: RankContext) -> None:
+        self.ctx = ctx
+        self.cfg = ctx.cfg.benchmark
+
+    @classmethod
+    def world_size(cls, cfg: DictConfig) -> int:
+        """Ranks the job needs; the default is the parallelism's world size. A benchmark whose
+        rank count depends on ``mode`` (refit, non-collocated) overrides this."""
+        p = cfg.parallelism
+        return p.tp * p.pp * p.cp * p.dp * p.ep
+
+    @classmethod
+    def validate(cls, cfg: DictConfig) -> None:
+        """Benchmark-specific cross-field checks; raise ValueError naming the bad value."""
+
+    @abstractmethod
+    def run(self) -> BenchmarkResult:
+        """Called on every rank inside an initialised process group; rank 0's return counts."""

@@ -1,0 +1,44 @@
+"""The benchmark registry: name -> Benchmark class. Nothing else branches on a benchmark's name."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Callable, TypeVar
+
+from sweepbench.config.store import store_benchmark_schema
+
+_BENCHMARKS: dict[str, type] = {}
+B = TypeVar("B", bound=type)
+
+
+def register(name: str) -> Callable[[B], B]:
+    def wrap(cls: B) -> B:
+        if name in _BENCHMARKS:
+            raise ValueError(f"benchmark {name!r} registered twice")
+        _BENCHMARKS[name] = cls
+        store_benchmark_schema(name, cls.schema)  # type: ignore[attr-defined]
+        return cls
+
+    return wrap
+
+
+def get_benchmark(name: str) -> type:
+    load_all()
+    if name not in _BENCHMARKS:
+        raise ValueError(f"unknown benchmark {name!r}; valid: {', '.join(sorted(_BENCHMARKS))}")
+    return _BENCHMARKS[name]
+
+
+def benchmark_names() -> list[str]:
+    load_all()
+    return sorted(_BENCHMARKS)
+
+
+def load_all() -> None:
+    """Import every module of sweepbench.benchmarks so that each registers itself."""
+    import sweepbench.benchmarks as pkg
+
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        if mod.name not in {"base", "registry"}:
+            importlib.import_module(f"{pkg.__name__}.{mod.name}")

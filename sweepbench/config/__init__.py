@@ -1,0 +1,1 @@
+"""Config schemas, their registration in the ConfigStore, and cross-field validation."""

@@ -1,0 +1,121 @@
+"""Dataclass schemas of every config group, stored in Hydra's ConfigStore.
+
+Each YAML under ``conf/<group>/`` extends one of these (``defaults: [base_<group>]``), so a typo
+or a wrong type fails when the config is composed, before any rank starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+
+@dataclass
+class ModelConfig:
+    """A transformer shape; weights are random-initialised from it (no hub downloads)."""
+
+    name: str = MISSING
+    num_layers: int = MISSING
+    hidden_size: int = MISSING
+    num_heads: int = MISSING  # query heads
+    num_kv_heads: int = MISSING  # key/value heads (GQA when < num_heads)
+    ffn_hidden_size: int = MISSING  # per expert for MoE shapes
+    vocab_size: int = MISSING
+    dtype: str = "bfloat16"  # float32 | bfloat16 | float16
+    num_experts: int = 0  # 0 = dense MLP
+    moe_top_k: int = 0  # experts routed per token (MoE only)
+    seq_len: int = 2048  # tokens per sequence, for benchmarks that run the model
+
+
+@dataclass
+class ParallelismConfig:
+    """Parallel degrees. world_size = tp * pp * cp * dp * ep (ep: experts split over ep ranks,
+    dense weights replicated across them)."""
+
+    name: str = MISSING
+    tp: int = 1  # tensor parallel
+    pp: int = 1  # pipeline parallel (contiguous layer stages)
+    ep: int = 1  # expert parallel
+    dp: int = 1  # data parallel
+    cp: int = 1  # context parallel (sequence split)
+
+
+@dataclass
+class BackendConfig:
+    """Communication backend; ``auto`` picks nccl where a GPU is visible and gloo otherwise."""
+
+    name: str = MISSING  # auto | gloo | nccl | nvshmem
+
+
+@dataclass
+class ModeConfig:
+    """Placement of the benchmark's ranks; the refit benchmark gives it its meaning."""
+
+    name: str = MISSING  # collocated | non_collocated
+
+
+@dataclass
+class BenchmarkConfig:
+    """Fields every benchmark has; each benchmark's schema extends this one."""
+
+    name: str = MISSING  # registry key, e.g. "collective"
+    warmup: int = 5  # untimed iterations before timing
+    iters: int = 20  # timed iterations
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "offline"  # offline | online | disabled (WANDB_MODE in the environment wins)
+    project: str = "sweepbench"
+    entity: str | None = None
+    tags: list[str] = field(default_factory=list)
+    init_timeout_s: float = 30.0
+
+
+@dataclass
+class LaunchConfig:
+    """How a job's ranks are started. Output-only: not part of the sweep tag."""
+
+    timeout_s: float = 900.0  # wall-clock bound for a whole job (all its ranks)
+    ranks_per_node: int = 0  # 0 = all ranks on this node (local launch)
+    master_addr: str = "127.0.0.1"
+
+
+@dataclass
+class SweepConfig:
+    """Sweep-level switches. Output-only: not part of the sweep tag."""
+
+    dry_run: bool = False  # list each job's tag, world size and options; start no rank
+    force: bool = False  # rerun jobs whose metrics.json already says ok
+    # Tag format: str.format fields are the group option names (benchmark, model, parallelism,
+    # backend, mode), world_size and hash (short hash of the resolved job config).
+    tag_format: str = "{benchmark}_{model}_{parallelism}_{backend}_{mode}_ws{world_size}_{hash}"
+    tag_max_len: int = 120
+
+
+@dataclass
+class FaultConfig:
+    """Fault injection, off by default: check failure handling end to end."""
+
+    kind: str = "none"  # none | raise | exit | kill | hang
+    rank: int = 0  # which rank misbehaves
+
+
+@dataclass
+class SweepbenchConfig:
+    benchmark: Any = MISSING
+    model: ModelConfig = MISSING
+    parallelism: ParallelismConfig = MISSING
+    backend: BackendConfig = MISSING
+    mode: ModeConfig = MISSING
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
+
+
+# Top-level keys that only steer output and launching; they never change what is measured,
+# so they are left out of the sweep tag's hash.
+OUTPUT_ONLY_KEYS: frozenset[str] = frozenset({"hydra", "wandb", "launch", "sweep"})

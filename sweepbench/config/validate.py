@@ -1,0 +1,130 @@
+"""Cross-field validation, in one place, before any rank starts.
+
+Each check raises ``ValueError`` with one line naming the bad value and what would be valid."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from omegaconf import DictConfig
+
+BACKENDS = ("auto", "gloo", "nccl", "nvshmem")
+GPU_BACKENDS = ("nccl", "nvshmem")
+MODES = ("collocated", "non_collocated")
+DTYPES = ("float32", "bfloat16", "float16")
+FAULT_KINDS = ("none", "raise", "exit", "kill", "hang")
+
+
+def visible_gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def resolve_backend(name: str) -> str:
+    """``auto`` -> nccl where a GPU is visible, gloo otherwise."""
+    if name == "auto":
+        return "nccl" if visible_gpus() > 0 else "gloo"
+    return name
+
+
+def _check_positive(cfg: DictConfig) -> None:
+    groups = {
+        "parallelism": ("tp", "pp", "ep", "dp", "cp"),
+        "model": ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
+                  "vocab_size", "seq_len"),
+        "benchmark": ("iters",),
+    }
+    for group, keys in groups.items():
+        for key in keys:
+            value = cfg[group][key]
+            if value <= 0:
+                raise ValueError(f"{group}.{key}={value} must be a positive integer")
+    if cfg.benchmark.warmup < 0:
+        raise ValueError(f"benchmark.warmup={cfg.benchmark.warmup} must be >= 0")
+    if cfg.launch.timeout_s <= 0:
+        raise ValueError(f"launch.timeout_s={cfg.launch.timeout_s} must be > 0 seconds")
+
+
+def _check_choices(cfg: DictConfig) -> None:
+    choices = {
+        "backend.name": (cfg.backend.name, BACKENDS),
+        "mode.name": (cfg.mode.name, MODES),
+        "model.dtype": (cfg.model.dtype, DTYPES),
+        "fault.kind": (cfg.fault.kind, FAULT_KINDS),
+        "wandb.mode": (cfg.wandb.mode, ("online", "offline", "disabled")),
+    }
+    for key, (value, valid) in choices.items():
+        if value not in valid:
+            raise ValueError(f"{key}={value!r} is not valid; choose one of {', '.join(valid)}")
+
+
+def _check_model(cfg: DictConfig) -> None:
+    m = cfg.model
+    if m.hidden_size % m.num_heads:
+        raise ValueError(f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}")
+    if m.num_heads % m.num_kv_heads:
+        raise ValueError(f"model.num_heads={m.num_heads} is not divisible by model.num_kv_heads={m.num_kv_heads}")
+    if m.num_experts < 0 or (m.num_experts > 0 and not 0 < m.moe_top_k <= m.num_experts):
+        raise ValueError(f"model.moe_top_k={m.moe_top_k} must be in 1..num_experts={m.num_experts} for an MoE model")
+
+
+def check_layout(model: DictConfig, par: DictConfig, *, where: str = "parallelism") -> None:
+    """Can this model be laid out with these degrees? (Used for every layout a job holds.)"""
+    divisible = {
+        "num_heads": model.num_heads, "num_kv_heads": model.num_kv_heads,
+        "hidden_size": model.hidden_size, "ffn_hidden_size": model.ffn_hidden_size,
+        "vocab_size": model.vocab_size,
+    }
+    for key, value in divisible.items():
+        if value % par.tp:
+            raise ValueError(f"{where}.tp={par.tp} does not divide model.{key}={value} "
+                             f"(valid tp: divisors of {value})")
+    if model.num_layers % par.pp:
+        raise ValueError(f"{where}.pp={par.pp} does not divide model.num_layers={model.num_layers}")
+    if par.ep > 1 and model.num_experts == 0:
+        raise ValueError(f"{where}.ep={par.ep} needs an MoE model, but model={model.name} is dense "
+                         f"(num_experts=0); use ep=1 or an MoE model such as mixtral_8x7b")
+    if model.num_experts and model.num_experts % par.ep:
+        raise ValueError(f"{where}.ep={par.ep} does not divide model.num_experts={model.num_experts}")
+    if model.seq_len % par.cp:
+        raise ValueError(f"{where}.cp={par.cp} does not divide model.seq_len={model.seq_len}")
+
+
+def _check_backend(cfg: DictConfig) -> None:
+    gpus = visible_gpus()
+    if cfg.backend.name in GPU_BACKENDS and gpus == 0:
+        raise ValueError(f"backend={cfg.backend.name} needs a GPU, but none is visible; use backend=gloo or auto")
+
+
+def _check_ranks(cfg: DictConfig, world_size: int) -> None:
+    gpus = visible_gpus()
+    per_node = cfg.launch.ranks_per_node or world_size
+    if resolve_backend(cfg.backend.name) in GPU_BACKENDS and per_node > gpus:
+        raise ValueError(f"{per_node} ranks per node need {per_node} GPUs, but {gpus} are visible "
+                         f"(world_size={world_size}); use a layout of at most {gpus} ranks per node")
+    if world_size % per_node:
+        raise ValueError(f"launch.ranks_per_node={per_node} does not divide world_size={world_size}")
+    if not 0 <= cfg.fault.rank < world_size:
+        raise ValueError(f"fault.rank={cfg.fault.rank} is outside 0..{world_size - 1}")
+
+
+def _check_parallelism(cfg: DictConfig) -> None:
+    check_layout(cfg.model, cfg.parallelism)
+
+
+CHECKS: tuple[Callable[[DictConfig], None], ...] = (
+    _check_positive, _check_choices, _check_model, _check_parallelism, _check_backend,
+)
+
+
+def validate(cfg: DictConfig) -> int:
+    """Validate a resolved job config; returns its world size."""
+    from sweepbench.benchmarks.registry import get_benchmark
+
+    bench = get_benchmark(cfg.benchmark.name)
+    for check in CHECKS:
+        check(cfg)
+    bench.validate(cfg)
+    world_size = bench.world_size(cfg)
+    _check_ranks(cfg, world_size)
+    return world_size

@@ -1,0 +1,1 @@
+"""How a job's ranks start: spawned locally by the job, or joined as SLURM tasks."""

@@ -1,0 +1,37 @@
+"""Peak memory of a rank: torch's allocator peaks on GPU, NVML's used memory, host RSS."""
+
+from __future__ import annotations
+
+import resource
+from typing import Any
+
+import torch
+
+
+def reset_peaks(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def nvml_used_bytes(index: int) -> int | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).used)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # NVML missing or not usable: the number is simply not reported
+        return None
+
+
+def memory_peaks(device: torch.device) -> dict[str, Any]:
+    """Peaks since the last reset; ``None`` where the device has no such counter."""
+    on_gpu = device.type == "cuda"
+    return {
+        "peak_allocated_bytes": torch.cuda.max_memory_allocated(device) if on_gpu else None,
+        "peak_reserved_bytes": torch.cuda.max_memory_reserved(device) if on_gpu else None,
+        "nvml_used_bytes": nvml_used_bytes(device.index or 0) if on_gpu else None,
+        "host_max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }

@@ -1,0 +1,73 @@
+"""Turns a job's outcome into metrics.json, env.json and a wandb run (in that job's directory)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from sweepbench.launch.local import JobOutcome
+from sweepbench.record.atomic import write_json_atomic
+from sweepbench.record.env import capture_env
+from sweepbench.record.wandb_run import start_run
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.json"
+ENV_FILE = "env.json"
+
+
+def _max_memory(per_rank: list[dict[str, Any] | None]) -> dict[str, Any]:
+    keys = {k for m in per_rank if m for k in m}
+    return {k: max((m[k] for m in per_rank if m and m.get(k) is not None), default=None) for k in sorted(keys)}
+
+
+def build_metrics(cfg: DictConfig, outcome: JobOutcome, *, tag: str, world_size: int,
+                  overrides: list[str], wall_time_s: float) -> dict[str, Any]:
+    result = outcome.payload.get("result", {})
+    status, error = outcome.status, outcome.error
+    if status == "ok" and not result.get("verified"):
+        status, error = "failed", "the benchmark did not verify its output; its times are not reported"
+    per_rank = outcome.payload.get("memory_per_rank", [])
+    return {
+        "status": status,
+        "error": error,
+        "tag": tag,
+        "benchmark": cfg.benchmark.name,
+        "world_size": world_size,
+        "backend": outcome.payload.get("backend"),
+        "overrides": overrides,
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "verified": bool(result.get("verified")) and status == "ok",
+        "results": {"summary": result.get("summary", {}), "cases": result.get("cases", []),
+                    **result.get("extra", {})} if status == "ok" else {},
+        "memory": {"max": _max_memory(per_rank), "per_rank": per_rank},
+        "wall_time_s": wall_time_s,
+    }
+
+
+def wandb_summary(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "status": metrics["status"], "error": metrics["error"], "verified": metrics["verified"],
+        "world_size": metrics["world_size"], "backend": metrics["backend"],
+        "wall_time_s": metrics["wall_time_s"], "memory": metrics["memory"]["max"],
+        **metrics["results"].get("summary", {}),
+    }
+
+
+def record_job(cfg: DictConfig, outcome: JobOutcome, *, job_dir: Path, tag: str, world_size: int,
+               overrides: list[str], group: str, wall_time_s: float) -> dict[str, Any]:
+    metrics = build_metrics(cfg, outcome, tag=tag, world_size=world_size, overrides=overrides,
+                            wall_time_s=wall_time_s)
+    write_json_atomic(job_dir / ENV_FILE, capture_env())
+    run = start_run(cfg, job_dir=job_dir, tag=tag, group=group, config=metrics["config"])
+    run.log_cases(metrics["results"].get("cases", []))
+    run.log_summary(wandb_summary(metrics))
+    run.finish(failed=metrics["status"] != "ok")
+    metrics["wandb"] = {"dir": run.dir, "error": run.error}
+    # metrics.json last: its presence with status ok is what resume trusts
+    write_json_atomic(job_dir / METRICS_FILE, metrics)
+    log.info("job %s: %s%s", tag, metrics["status"], f" ({metrics['error']})" if metrics["error"] else "")
+    return metrics

@@ -1,0 +1,1 @@
+"""Sweeps: tags, the sweeper (validate, resume, dry run, launch), aggregation and the summary."""
