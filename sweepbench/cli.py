@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import hydra
+from hydra.errors import HydraException
 from omegaconf import DictConfig
 
 from sweepbench.benchmarks.registry import load_all
@@ -28,8 +30,35 @@ def register_sweeper() -> None:
     Plugins.instance().register(SweepbenchSweeper)
 
 
+_FULL_ERROR = "HYDRA_FULL_ERROR"
+_raise_compose_errors = False
+
+
+def composed() -> None:
+    """Called by the sweeper once Hydra has composed the sweep's config: from here on Hydra
+    reports errors its own way again (and the jobs do not see main()'s HYDRA_FULL_ERROR)."""
+    global _raise_compose_errors
+    if _raise_compose_errors:
+        os.environ.pop(_FULL_ERROR, None)
+        _raise_compose_errors = False
+
+
 def main() -> None:
+    global _raise_compose_errors
     register_sweeper()
     store_schemas()
     load_all()
-    _hydra_main()
+    # Hydra composes the sweep's config before the sweeper runs; an error there (a typo'd key, a
+    # wrong type, an unknown option) would come out in several lines with exit 1. HYDRA_FULL_ERROR
+    # lets it reach us, to be reported like any other bad input: one line, exit 2.
+    if os.environ.get(_FULL_ERROR) != "1":
+        os.environ[_FULL_ERROR] = "1"
+        _raise_compose_errors = True
+    try:
+        _hydra_main()
+    except HydraException as err:
+        if not _raise_compose_errors:
+            raise
+        from sweepbench.sweep.driver import _fail, error_line
+
+        _fail(error_line(err))

@@ -43,19 +43,21 @@ def git_state() -> dict[str, Any]:
 
 
 def gpu_info() -> dict[str, Any]:
-    if not torch.cuda.is_available():
-        return {"count": 0, "names": [], "driver": None}
-    driver = None
+    """GPU names, count and driver through NVML, so the recording process creates no CUDA context."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        pynvml.nvmlShutdown()
-    except Exception:  # NVML absent: the driver version is simply unknown
-        pass
-    count = torch.cuda.device_count()
-    return {"count": count, "names": [torch.cuda.get_device_name(i) for i in range(count)], "driver": driver}
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+            names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
+            return {"count": count, "names": [str(n) for n in names],
+                    "driver": str(pynvml.nvmlSystemGetDriverVersion())}
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVML (a CPU machine): fall back to what torch sees
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return {"count": count, "names": [torch.cuda.get_device_name(i) for i in range(count)], "driver": None}
 
 
 def slurm_ids() -> dict[str, str | None]:

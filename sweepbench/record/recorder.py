@@ -8,6 +8,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from sweepbench.config.validate import resolve_backend
 from sweepbench.launch.local import JobOutcome
 from sweepbench.record.atomic import write_json_atomic
 from sweepbench.record.env import capture_env
@@ -37,7 +38,7 @@ def build_metrics(cfg: DictConfig, outcome: JobOutcome, *, tag: str, world_size:
         "tag": tag,
         "benchmark": cfg.benchmark.name,
         "world_size": world_size,
-        "backend": outcome.payload.get("backend"),
+        "backend": outcome.payload.get("backend") or resolve_backend(cfg.backend.name),
         "overrides": overrides,
         "config": OmegaConf.to_container(cfg, resolve=True),
         "verified": bool(result.get("verified")) and status == "ok",

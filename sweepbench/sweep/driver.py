@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -34,8 +34,19 @@ class PlannedJob:
         return [*self.overrides, f"hydra.sweep.subdir={self.tag}"]
 
 
-def _fail(message: str) -> None:
-    print(f"sweepbench: error: {message}", file=sys.stderr)
+def error_line(err: BaseException) -> str:
+    """The error's message and, for Hydra's wrapped OmegaConf errors, its cause's first line."""
+    text = str(err)
+    cause = str(err.__cause__ or "").strip()
+    if cause:
+        text += f" ({cause.splitlines()[0]})"
+    return text
+
+
+def _fail(message: str) -> NoReturn:
+    """Bad input: one line on stderr, exit 2."""
+    line = " ".join(part.strip() for part in message.splitlines() if part.strip())
+    print(f"sweepbench: error: {line}", file=sys.stderr)
     sys.exit(2)
 
 
@@ -46,7 +57,7 @@ def plan_jobs(sweeper: Any, arguments: list[str]) -> list[PlannedJob]:
     try:
         grid = BasicSweeper.split_arguments(parser.parse_overrides(arguments), None)[0]
     except HydraException as err:
-        _fail(str(err))
+        _fail(error_line(err))
     jobs: dict[str, PlannedJob] = {}
     for overrides in grid:
         try:
@@ -57,7 +68,7 @@ def plan_jobs(sweeper: Any, arguments: list[str]) -> list[PlannedJob]:
             tag = make_tag(cfg, world_size=world_size)
         except (ValueError, HydraException) as err:
             where = " ".join(overrides) or "(defaults)"
-            _fail(f"{err}\n  in job: {where}")
+            _fail(f"{error_line(err)} (in job: {where})")
         jobs.setdefault(tag, PlannedJob(list(overrides), tag, world_size, cfg))
     return list(jobs.values())
 

@@ -32,14 +32,14 @@ def print_plan(jobs: Iterable[Any], *, sweep_dir: Path) -> None:
 
 
 def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return "" if value is None or (isinstance(value, float) and pd.isna(value)) else str(value)
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return ""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def print_summary(results: pd.DataFrame, *, sweep_dir: Path) -> None:
     metric_cols = [c for c in results.columns
-                   if c.endswith(("_s", "_gbps", "_per_s")) and c not in SUMMARY_COLUMNS][:4]
+                   if c.endswith(("_s", "_gbps", "_per_s")) and c not in SUMMARY_COLUMNS][:3]
     table = Table(title=f"sweep {sweep_dir}")
     columns = [*SUMMARY_COLUMNS, *metric_cols, "error"]
     for col in columns:

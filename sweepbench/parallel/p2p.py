@@ -1,0 +1,31 @@
+"""``send_recv``: batched point-to-point transfers of flat buckets."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .comm import STRATEGIES, Bucket, Executor, Shards, p2p_wait
+
+
+@STRATEGIES.register("send_recv")
+class SendRecv(Executor):
+    """Every remote bucket is one isend per receiver / one irecv, all issued in one
+    ``batch_isend_irecv``; small routes share a bucket per (src, dst) pair.  Works with
+    plans of either fanout (a multi-receiver bucket is sent to each receiver)."""
+
+    def run(self, src_shards: Shards, dst_shards: Shards) -> None:
+        self.copy_local(src_shards, dst_shards)
+        ops: list[dist.P2POp] = []
+        recvs: list[tuple[Bucket, torch.Tensor]] = []
+        for i, b in enumerate(self.buckets):
+            if b.src == self.rank:
+                data = self.pack(i, b, src_shards)
+                ops += [dist.P2POp(dist.isend, data, peer, self.group) for peer in b.dsts]
+            else:
+                target = self.recv_target(i, b, dst_shards)
+                ops.append(dist.P2POp(dist.irecv, target, b.src, self.group))
+                recvs.append((b, target))
+        p2p_wait(ops)
+        for b, target in recvs:
+            self.unpack(b, target, dst_shards)
