@@ -10,41 +10,59 @@ import torch
 import torch.distributed as dist
 
 
-def _time_cuda(step: Callable[[], None], iters: int) -> list[float]:
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for start, end in zip(starts, ends):
+Hook = Callable[[], None]
+
+
+def _nothing() -> None:
+    pass
+
+
+def _time_cuda(step: Hook, iters: int, before: Hook, after: Hook) -> list[float]:
+    times = []
+    for _ in range(iters):
+        before()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
         dist.barrier()
         start.record()
         step()
         end.record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+        after()
+    return times
 
 
-def _time_host(step: Callable[[], None], iters: int) -> list[float]:
+def _time_host(step: Hook, iters: int, before: Hook, after: Hook) -> list[float]:
     times = []
     for _ in range(iters):
+        before()
         dist.barrier()
         tic = time.perf_counter()
         step()
         times.append(time.perf_counter() - tic)
+        after()
     return times
 
 
 def time_iterations(
-    step: Callable[[], None], *, warmup: int, iters: int, device: torch.device
+    step: Hook, *, warmup: int, iters: int, device: torch.device,
+    before: Hook = _nothing, after: Hook = _nothing,
 ) -> list[float]:
     """Per-iteration seconds of the slowest rank (max over ranks, iteration by iteration).
 
-    Every rank of the default group must call this with the same ``warmup`` and ``iters``."""
+    ``before`` and ``after`` run around every iteration, warm-up included, outside the timed
+    region (e.g. poison the output before, verify it after). Every rank of the default group must
+    call this with the same ``warmup`` and ``iters``."""
     for _ in range(warmup):
+        before()
         step()
+        after()
     if device.type == "cuda":
         torch.cuda.synchronize()
-        times = _time_cuda(step, iters)
+        times = _time_cuda(step, iters, before, after)
     else:
-        times = _time_host(step, iters)
+        times = _time_host(step, iters, before, after)
     t = torch.tensor(times, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()

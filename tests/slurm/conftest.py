@@ -1,0 +1,53 @@
+"""Fixtures for tests that need a real SLURM cluster (see cluster.py).
+
+``slurm_cluster`` starts a one-node SLURM cluster on localhost once per test
+session and stops it at the end (set ``SWEEPBENCH_SLURM_KEEP=1`` to leave it
+running).  While the session runs, ``SLURM_CONF`` is set in ``os.environ`` so
+that any ``sbatch``/``squeue``/``sacct`` started from the tests -- by submitit,
+hydra-submitit-launcher or sweepbench itself -- talks to this cluster.
+
+These tests never skip: when SLURM is not installed the fixture fails, telling
+to run ``.ci/install_slurm.sh``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, Iterator, Optional
+
+import pytest
+
+from .cluster import INSTALL_HINT, SlurmCluster, SlurmClusterError, missing_binaries
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    missing = missing_binaries()
+    if missing:
+        pytest.fail(f"SLURM is not installed (missing: {', '.join(missing)}). {INSTALL_HINT}", pytrace=False)
+    if os.geteuid() != 0:
+        pytest.fail("the SLURM test cluster must run as root (it starts munged, mariadbd and the slurm daemons)",
+                    pytrace=False)
+    cluster = SlurmCluster()
+    try:
+        cluster.start()
+    except SlurmClusterError as exc:
+        # leave nothing half-started behind
+        try:
+            cluster.stop(quiet=True)
+        except Exception:  # noqa: BLE001
+            pass
+        pytest.fail(f"could not start the SLURM test cluster:\n{exc}", pytrace=False)
+
+    saved: Dict[str, Optional[str]] = {k: os.environ.get(k) for k in cluster.env}
+    os.environ.update(cluster.env)
+    try:
+        yield cluster
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        if os.environ.get("SWEEPBENCH_SLURM_KEEP", "") in ("", "0"):
+            cluster.stop(quiet=True)
