@@ -39,6 +39,8 @@ class Benchmark(ABC):
     """Subclass, decorate with ``@register("name")`` and add ``conf/benchmark/<name>.yaml``."""
 
     schema: ClassVar[type[BenchmarkConfig]] = BenchmarkConfig
+    # benchmark fields shown in the readable part of the sweep tag (the hash covers all fields)
+    tag_keys: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, ctx: RankContext) -> None:
         self.ctx = ctx

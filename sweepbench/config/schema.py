@@ -90,8 +90,9 @@ class SweepConfig:
     dry_run: bool = False  # list each job's tag, world size and options; start no rank
     force: bool = False  # rerun jobs whose metrics.json already says ok
     # Tag format: str.format fields are the group option names (benchmark, model, parallelism,
-    # backend, mode), world_size and hash (short hash of the resolved job config).
-    tag_format: str = "{benchmark}_{model}_{parallelism}_{backend}_{mode}_ws{world_size}_{hash}"
+    # backend, mode), detail (the benchmark's own tag fields, e.g. "-tp1-send_recv"), world_size
+    # and hash (short hash of the resolved job config).
+    tag_format: str = "{benchmark}{detail}_{model}_{parallelism}_{backend}_{mode}_ws{world_size}_{hash}"
     tag_max_len: int = 120
 
 

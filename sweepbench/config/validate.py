@@ -83,7 +83,7 @@ def check_layout(model: DictConfig, par: DictConfig, *, where: str = "parallelis
         raise ValueError(f"{where}.pp={par.pp} does not divide model.num_layers={model.num_layers}")
     if par.ep > 1 and model.num_experts == 0:
         raise ValueError(f"{where}.ep={par.ep} needs an MoE model, but model={model.name} is dense "
-                         f"(num_experts=0); use ep=1 or an MoE model such as mixtral_8x7b")
+                         f"(num_experts=0); use ep=1 or an MoE model (tiny_moe, mixtral_8x7b)")
     if model.num_experts and model.num_experts % par.ep:
         raise ValueError(f"{where}.ep={par.ep} does not divide model.num_experts={model.num_experts}")
     if model.seq_len % par.cp:

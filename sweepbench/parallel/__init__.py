@@ -1,6 +1,6 @@
 """Layout + resharding engine shared by the refit and cross-mesh resharding benchmarks.
 
-Typical use (every rank runs the same code)::
+Every rank runs the same code (plans are computed locally, identically)::
 
     src = model_layout(model_cfg, range(0, 4), tp=2, pp=2)      # training layout
     dst = model_layout(model_cfg, range(4, 8), tp=4)            # inference layout
@@ -9,6 +9,9 @@ Typical use (every rank runs the same code)::
     dst_shards = allocate_shards(dst, rank, device=dev)
     execute(plan, src_shards, dst_shards, strategy="broadcast")
     assert not verify_shards(dst, rank, dst_shards, seed=0)
+
+A single tensor on device meshes: ``tensor_layout(shape, DeviceMesh.of(ranks,
+mesh_shape), "S0R", dtype=...)`` gives a layout used exactly the same way.
 """
 
 from .boxes import Box, DimSplit, Piece, box_numel, box_shape, box_slices, intersect

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from .boxes import box_slices
+from .boxes import box_numel, box_slices
 from .plan import Plan, Route
 from .registry import Registry
 
@@ -75,7 +75,7 @@ def make_buckets(plan: Plan, bucket_bytes: int) -> tuple[Bucket, ...]:
             offsets, n = [], 0
             for r in cur:
                 offsets.append(n)
-                n += r.nbytes // plan.dst.param(r.param).itemsize
+                n += box_numel(r.global_box)
             out.append(Bucket(src, dsts, tuple(cur), tuple(offsets), n))
 
         for r in routes:
@@ -87,13 +87,6 @@ def make_buckets(plan: Plan, bucket_bytes: int) -> tuple[Bucket, ...]:
         if cur:
             flush()
     return tuple(out)
-
-
-def _numel(r: Route) -> int:
-    n = 1
-    for a, b in r.global_box:
-        n *= b - a
-    return n
 
 
 # ---------------------------------------------------------------------------- executor base
@@ -121,7 +114,8 @@ class Executor:
         self._bufs: dict[tuple[int, int], torch.Tensor] = {}
         self.setup()
         # also makes sure no batched p2p call is a (NCCL) group's first operation
-        dist.barrier(group=group)
+        if group is None or dist.get_rank(group) >= 0:
+            dist.barrier(group=group)
 
     # -- to override
     def setup(self) -> None:
@@ -151,7 +145,7 @@ class Executor:
                 return view.view(-1)
         buf = self.buffer((i, 0), max(pad_to, b.numel), first)
         for r, off in zip(b.routes, b.offsets):
-            buf[off:off + _numel(r)].view(r.shape).copy_(shards[r.param][box_slices(r.src_box)])
+            buf[off:off + box_numel(r.global_box)].view(r.shape).copy_(shards[r.param][box_slices(r.src_box)])
         return buf
 
     def recv_target(self, i: int, b: Bucket, shards: Shards, pad_to: int = 0) -> torch.Tensor:
@@ -168,7 +162,7 @@ class Executor:
         for r, off in zip(b.routes, b.offsets):
             dst = shards[r.param][box_slices(r.dst_box(self.rank))]
             if dst.data_ptr() != target.data_ptr() or dst.numel() != target.numel():
-                dst.copy_(target[off:off + _numel(r)].view(r.shape))
+                dst.copy_(target[off:off + box_numel(r.global_box)].view(r.shape))
 
     def traffic(self) -> tuple[int, int]:
         """(bytes this rank sends, bytes it receives) over the wire, logically."""

@@ -25,27 +25,39 @@ _MUL = 0x45D9F3B
 CHUNK_ELEMS = 1 << 24  # bound on temporaries while generating values
 
 
-def _mix(x: torch.Tensor | int) -> torch.Tensor | int:
-    """31-bit integer hash; int64 arithmetic never overflows (x < 2**31, _MUL < 2**27)."""
+def _mix(x: int) -> int:
+    """31-bit integer hash (x < 2**31); int64 tensor arithmetic never overflows (_MUL < 2**27)."""
     for _ in range(2):
         x = ((x >> 16) ^ x) * _MUL & _M31
     return (x >> 16) ^ x
 
 
+def _mix_(x: torch.Tensor) -> torch.Tensor:
+    """``_mix`` in place on an int64 tensor of values < 2**31."""
+    for _ in range(2):
+        x.bitwise_xor_(x >> 16).mul_(_MUL).bitwise_and_(_M31)
+    return x.bitwise_xor_(x >> 16)
+
+
 def _salt(seed: int, name: str) -> int:
-    return int(_mix((int(seed) * 0x9E3779B1 ^ zlib.crc32(name.encode())) & _M31))
+    return _mix((int(seed) * 0x9E3779B1 ^ zlib.crc32(name.encode())) & _M31)
 
 
 def _values(shape: tuple[int, ...], box: Box, salt: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """value = (mix((i & M31) ^ mix((i >> 31) ^ salt)) % 255 - 127) / 64 for flat index i."""
     strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
-    idx = torch.zeros((), dtype=torch.int64, device=device)
+    x = torch.zeros(box_shape(box), dtype=torch.int64, device=device)
     for d, (a, b) in enumerate(box):
         view = [1] * len(box)
         view[d] = b - a
-        idx = idx + torch.arange(a, b, dtype=torch.int64, device=device).view(view) * strides[d]
-    h = _mix((idx & _M31) ^ _mix((idx >> 31) ^ salt))
-    assert isinstance(h, torch.Tensor)
-    return ((h % 255) - 127).to(torch.float32).div_(64).to(dtype)
+        x.add_(torch.arange(a * strides[d], b * strides[d], strides[d], dtype=torch.int64, device=device).view(view))
+    last = sum((b - 1) * st for (_, b), st in zip(box, strides))
+    if last <= _M31:  # i >> 31 == 0 everywhere: the inner mix is one constant
+        x.bitwise_xor_(_mix(salt))
+    else:
+        x = (x & _M31).bitwise_xor_(_mix_((x >> 31).bitwise_xor_(salt)))
+    h = _mix_(x)
+    return h.remainder_(255).sub_(127).to(torch.float32).div_(64).to(dtype)
 
 
 def fill_box(out: torch.Tensor, shape: tuple[int, ...], global_box: Box, *, seed: int, name: str) -> None:

@@ -54,7 +54,7 @@ def parse_spec(spec: SpecLike) -> DimAxes:
         if "".join(tokens) != spec or not tokens:
             raise ValueError(f"bad sharding spec {spec!r}: use R or S<axes> per dim, e.g. 'S0R', 'RS1', 'S01R'")
         return tuple(() if t == "R" else tuple(int(c) for c in t[1:]) for t in tokens)
-    out = []
+    out: list[tuple[int, ...]] = []
     for entry in spec:
         if entry is None:
             out.append(())

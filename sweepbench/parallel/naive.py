@@ -21,12 +21,13 @@ class Naive(Executor):
         self.root = self.plan.src.ranks[0]
         self.members = tuple(sorted({self.root, *self.plan.dst.ranks}))
         self.bgroup = subgroup(self.members)
-        # (param, global box, holder, holder's local box): the first holder of every box
-        self.gather = [
-            (spec.name, box, holders[0][0], holders[0][1])
-            for spec in self.plan.src.params
-            for box, holders in self.plan.src.owners(spec.name)
-        ]
+        # (param, global box, holder, holder's local box): the root if it holds the box,
+        # else the box's first holder
+        self.gather = []
+        for spec in self.plan.src.params:
+            for box, holders in self.plan.src.owners(spec.name):
+                holder, lbox = next((h for h in holders if h[0] == self.root), holders[0])
+                self.gather.append((spec.name, box, holder, lbox))
 
     def run(self, src_shards: Shards, dst_shards: Shards) -> None:
         full: dict[str, torch.Tensor] = {}

@@ -2,14 +2,15 @@
 
 Each sender packs its outgoing buckets into its own symmetric staging buffer at
 offsets derived from the plan (identical on every rank, so no handshake); after a
-device-side barrier every receiver copies its regions straight out of the
-sender's buffer (peer memory over NVLink via ``get_buffer``); a second barrier
-lets the staging buffers be reused on the next run.  The allocation backend is
+stream-ordered barrier (a tiny NCCL all-reduce) every receiver copies its regions
+straight out of the sender's buffer (peer memory over NVLink via ``get_buffer``); a
+second barrier lets the staging buffers be reused on the next run.  The allocation backend is
 ``NVSHMEM`` by default (``symm_backend="CUDA"`` uses plain CUDA IPC memory).
 
 Needs: CUDA tensors, an NCCL default group, and a torch build where
 ``torch.distributed._symmetric_memory.is_nvshmem_available()``; otherwise a
-RuntimeError says what is missing.  Not exercised by the CPU test suite.
+RuntimeError says what is missing.  Not exercised by the CPU test suite; checked
+on GPUs by ``tests/parallel/gpu_smoke.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .plan import Plan
 _ALIGN = 256
 
 
-def _symm_mem(backend: str) -> Any:
+def _symm_mem(backend: Any) -> Any:
     if not torch.cuda.is_available():
         raise RuntimeError("strategy 'nvshmem' needs CUDA GPUs; torch.cuda.is_available() is False")
     try:
@@ -42,6 +43,20 @@ def _symm_mem(backend: str) -> Any:
     if symm_mem.get_backend(torch.device("cuda")) != backend:
         symm_mem.set_backend(backend)  # fails if another backend already allocated
     return symm_mem
+
+
+# (group name, device) -> (staging tensor, handle): one buffer reused by every executor
+# (symmetric allocations are collective, so grow it rarely and identically on all ranks)
+_STAGING: dict[tuple[str, str], tuple[torch.Tensor, Any]] = {}
+
+
+def _staging(symm_mem: Any, group: Any, device: torch.device, size: int) -> tuple[torch.Tensor, Any]:
+    key = (group.group_name, str(device))
+    cached = _STAGING.get(key)
+    if cached is None or cached[0].numel() < size:
+        tensor = symm_mem.empty(size, dtype=torch.uint8, device=device)
+        cached = _STAGING[key] = (tensor, symm_mem.rendezvous(tensor, group=group))
+    return cached
 
 
 @STRATEGIES.register("nvshmem")
@@ -69,13 +84,23 @@ class SymmetricPull(Executor):
                 self.mine.append((b, used.get(b.src, 0)))
             used[b.src] = used.get(b.src, 0) + -(-nbytes // _ALIGN) * _ALIGN
         size = max(used.values(), default=0) or _ALIGN
-        group = self.group if self.group is not None else dist.group.WORLD
-        self.staging = symm_mem.empty(size, dtype=torch.uint8, device=self.device)
-        self.handle = symm_mem.rendezvous(self.staging, group=group)
+        group: Any = self.group if self.group is not None else dist.group.WORLD
+        self.staging, self.handle = _staging(symm_mem, group, self.device, size)
         self.peer = {r: dist.get_group_rank(group, r) for r in dist.get_process_group_ranks(group)}
+        self.sync_group = group
+        self.flag = torch.zeros(1, device=self.device)
+
+    def _barrier(self) -> None:
+        """Stream-ordered barrier: work queued before it on every rank's current stream
+        finishes before work queued after it on any rank starts.  A tiny NCCL all-reduce
+        (its stream waits for ours, ours for it).  ``handle.barrier()`` was seen letting
+        peer reads race the sender's packing with the NVSHMEM backend (torch 2.11), so
+        it is not used."""
+        dist.all_reduce(self.flag, group=self.sync_group)
 
     def _view(self, b: Bucket, off: int, like: torch.Tensor, peer: int | None = None) -> torch.Tensor:
         nbytes = b.numel * like.element_size()
+        raw: torch.Tensor
         if peer is None:
             raw = self.staging[off:off + nbytes]
         else:
@@ -93,8 +118,8 @@ class SymmetricPull(Executor):
                 for r, off in zip(b.routes, b.offsets):
                     n = r.nbytes // like.element_size()
                     staged[off:off + n].view(r.shape).copy_(src_shards[r.param][box_slices(r.src_box)])
-        self.handle.barrier(channel=0)
+        self._barrier()
         for b, base in self.mine:
             if self.rank in b.dsts:
                 self.unpack(b, self._view(b, base, dst_shards[b.routes[0].param], peer=b.src), dst_shards)
-        self.handle.barrier(channel=0)
+        self._barrier()

@@ -1,7 +1,9 @@
 """Sweep tags, in the spirit of fairseq2's SweepTagger.
 
-A tag is ``tag_format`` (default ``{benchmark}_{model}_{parallelism}_{backend}_{mode}_ws{world_size}_{hash}``)
-filled with the chosen group options, the world size and ``hash``: the first 8 hex digits of the
+A tag is ``tag_format`` (default
+``{benchmark}{detail}_{model}_{parallelism}_{backend}_{mode}_ws{world_size}_{hash}``) filled with the
+chosen group options, the world size, ``detail`` (the values of the benchmark's ``tag_keys``, each
+behind a ``-``, e.g. ``-tp1-broadcast`` for refit's inference layout and strategy) and ``hash``: the first 8 hex digits of the
 SHA-256 of the resolved job config without its output-only keys (hydra, wandb, launch, sweep).
 Same config -> same tag in any sweep; any difference -> a different hash. Characters outside
 ``[A-Za-z0-9._=-]`` become ``-``; the readable part is cut so the tag stays within ``tag_max_len``."""
@@ -34,8 +36,12 @@ def config_hash(cfg: DictConfig) -> str:
 
 
 def make_tag(cfg: DictConfig, *, world_size: int) -> str:
+    from sweepbench.benchmarks.registry import get_benchmark
+
+    keys = get_benchmark(cfg.benchmark.name).tag_keys
     fields = {
         "benchmark": cfg.benchmark.name,
+        "detail": "".join(f"-{cfg.benchmark[k]}" for k in keys),
         "model": cfg.model.name,
         "parallelism": cfg.parallelism.name,
         "backend": cfg.backend.name,
