@@ -1,0 +1,91 @@
+"""The refit benchmark through the CLI: presets at tiny size, the strategy x mode grid verified
+bit for bit, link context reported, bad layouts refused before any rank starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SweepRun, run_sweepbench
+
+QUICK = ["benchmark.warmup=1", "benchmark.iters=2", "benchmark.probe_bytes=65536"]
+PRESETS = ["tp2-tp1", "tp2-tp4", "tp2pp2-tp4pp1"]
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory: pytest.TempPathFactory) -> SweepRun:
+    """Every strategy x both modes for tp2 -> tp1, plus the default (refit is the default)."""
+    root = tmp_path_factory.mktemp("refit_grid")
+    run = run_sweepbench(["parallelism=tp2", "benchmark.strategy=send_recv,broadcast,naive",
+                          "mode=collocated,non_collocated", *QUICK], sweep_dir=root / "sweep")
+    assert run.rc == 0, run.describe()
+    return run
+
+
+def test_every_strategy_and_mode_refits_and_verifies(grid: SweepRun) -> None:
+    metrics = grid.all_metrics()
+    assert len(metrics) == 6
+    seen = set()
+    for tag, m in metrics.items():
+        assert m["benchmark"] == "refit" and m["status"] == "ok" and m["verified"] is True, tag
+        case = m["results"]["cases"][0]
+        seen.add((case["strategy"], m["config"]["mode"]["name"]))
+        assert len(case["times_s"]) == 2 and case["min_s"] <= case["median_s"] <= case["max_s"]
+        assert case["model_bytes"] > 0 and case["moved_bytes"] + case["local_bytes"] >= case["model_bytes"]
+        assert case["p2p_gbps"] > 0 and case["link_floor_s"] > 0 and case["fraction_of_link"] > 0
+        assert tag.startswith(f"refit-tp1-{case['strategy']}_tiny_tp2_")
+    assert seen == {(s, mode) for s in ("send_recv", "broadcast", "naive")
+                    for mode in ("collocated", "non_collocated")}
+
+
+def test_modes_place_layouts(grid: SweepRun) -> None:
+    """Collocated tp2 -> tp1 keeps half of the model local on 2 ranks; non-collocated adds the
+    inference rank (world 3) and moves every byte."""
+    for m in grid.all_metrics().values():
+        case = m["results"]["cases"][0]
+        if m["config"]["mode"]["name"] == "collocated":
+            assert m["world_size"] == 2 and case["local_bytes"] > 0
+        else:
+            assert m["world_size"] == 3 and case["local_bytes"] == 0
+            assert case["moved_bytes"] == case["model_bytes"]
+
+
+def test_naive_moves_more_than_planned(grid: SweepRun) -> None:
+    by_strategy = {}
+    for m in grid.all_metrics().values():
+        if m["config"]["mode"]["name"] == "collocated":
+            case = m["results"]["cases"][0]
+            by_strategy[case["strategy"]] = case["wire_bytes"]
+    assert by_strategy["naive"] > by_strategy["send_recv"]
+
+
+def test_presets_run_at_tiny_size(tmp_path: Path) -> None:
+    run = run_sweepbench([f"experiment={','.join(PRESETS)}", "model=tiny", "backend=gloo", *QUICK],
+                         sweep_dir=tmp_path / "presets")
+    assert run.rc == 0, run.describe()
+    layouts = {m["results"]["cases"][0]["train_layout"] + " -> " + m["results"]["cases"][0]["inference_layout"]
+               for m in run.all_metrics().values() if m["verified"]}
+    assert len(layouts) == len(PRESETS)
+    moe = run_sweepbench(["experiment=ep2-ep4", "model=tiny_moe", "backend=gloo", *QUICK],
+                         sweep_dir=tmp_path / "moe", multirun=False)
+    assert moe.rc == 0, moe.describe()
+    (m,) = moe.all_metrics().values()
+    assert m["verified"] and m["config"]["parallelism"]["ep"] == 2 and m["config"]["benchmark"]["inference"] == "ep4"
+
+
+@pytest.mark.parametrize(("overrides", "needle"), [
+    (["benchmark.inference=tp3x"], "benchmark.inference='tp3x' is not a layout"),
+    (["benchmark.inference=tp3"], "benchmark.inference.tp=3 does not divide model.num_heads=8"),
+    (["benchmark.inference=ep2"], "benchmark.inference.ep=2 needs an MoE model"),
+    (["experiment=ep2-ep4", "model=tiny"], "parallelism.ep=2 needs an MoE model"),
+    (["benchmark.inference=pp3"], "benchmark.inference.pp=3 does not divide model.num_layers=4"),
+    (["benchmark.strategy=scatter"], "benchmark.strategy='scatter'"),
+    (["benchmark.balance=random"], "benchmark.balance='random'"),
+    (["experiment=large"], "backend=nvshmem needs a GPU"),
+])
+def test_impossible_layouts_are_refused_before_any_rank(tmp_path: Path, overrides: list[str], needle: str) -> None:
+    run = run_sweepbench(overrides, sweep_dir=tmp_path / "bad")
+    assert run.rc == 2, run.describe()
+    assert needle in run.stderr, run.stderr
+    assert not (tmp_path / "bad").exists()
