@@ -1,0 +1,188 @@
+"""Shared fixtures of the CPU suite: real sweeps (subprocesses, gloo ranks, real files) and the
+Hydra compose API. Sweeps are few and small; many tests assert on each (session/module scope)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pandas as pd
+import pytest
+from omegaconf import DictConfig
+
+# The collective benchmark, named explicitly (it is not necessarily the default one), at small
+# sizes everywhere: the machine has 2 cores.
+COLLECTIVE = "benchmark=collective"
+SMALL = [COLLECTIVE, "benchmark.max_bytes=4096", "benchmark.iters=3", "benchmark.warmup=1"]
+# Smaller still, for jobs that are about failure handling rather than numbers.
+TINY = [COLLECTIVE, "benchmark.ops=[all_reduce]", "benchmark.min_bytes=1024", "benchmark.max_bytes=1024",
+        "benchmark.iters=2", "benchmark.warmup=1"]
+
+# The main sweep: 2-rank jobs and one 4-rank job (so busbw factors differ from 1), with secrets
+# in the environment that must never be written down.
+MAIN_GRID = ["parallelism=tp2,dp2,tp4", *SMALL]
+SECRETS = {"WANDB_API_KEY": "sekrit123", "NCCL_FAKE_TOKEN": "sekrit456", "MY_PASSWORD": "sekrit789",
+           "TORCH_SECRET_THING": "sekrit000"}
+VISIBLE = {"TORCH_SWEEPBENCH_MARKER": "visible111"}  # relevant and not secret: kept verbatim
+
+SWEEP_TIMEOUT_S = 240
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    """The environment of a sweep: this one, made hermetic (offline wandb, Hydra's own errors
+    left to sweepbench, no inherited secrets), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("WANDB_") and k != "HYDRA_FULL_ERROR"
+           and not any(m in k.upper() for m in ("KEY", "TOKEN", "SECRET", "PASSWORD"))}
+    env.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1",
+                "SWEEPBENCH_TEST_RUN": uuid.uuid4().hex})
+    env.update(extra)
+    return env
+
+
+@dataclass
+class SweepRun:
+    """One ``python -m sweepbench`` invocation and what it left in its sweep dir."""
+
+    sweep_dir: Path
+    args: list[str]
+    proc: subprocess.CompletedProcess
+    env: dict[str, str] = field(repr=False)
+
+    @property
+    def rc(self) -> int:
+        return self.proc.returncode
+
+    @property
+    def stdout(self) -> str:
+        return self.proc.stdout
+
+    @property
+    def stderr(self) -> str:
+        return self.proc.stderr
+
+    def job_dirs(self) -> list[Path]:
+        return sorted(p for p in self.sweep_dir.iterdir() if p.is_dir())
+
+    def metrics(self, tag: str) -> dict[str, Any]:
+        return json.loads((self.sweep_dir / tag / "metrics.json").read_text())
+
+    def env_json(self, tag: str) -> dict[str, Any]:
+        return json.loads((self.sweep_dir / tag / "env.json").read_text())
+
+    def all_metrics(self) -> dict[str, dict[str, Any]]:
+        return {p.name: self.metrics(p.name) for p in self.job_dirs() if (p / "metrics.json").exists()}
+
+    def results(self) -> pd.DataFrame:
+        return pd.read_csv(self.sweep_dir / "results.csv")
+
+    def describe(self) -> str:
+        return (f"`sweepbench {' '.join(self.args)}` exited {self.rc}\n--- stdout (tail)\n"
+                f"{self.stdout[-3000:]}\n--- stderr (tail)\n{self.stderr[-3000:]}")
+
+
+def run_sweepbench(args: list[str], *, sweep_dir: Path, multirun: bool = True,
+                   env: dict[str, str] | None = None, cwd: Path | None = None,
+                   timeout: float = SWEEP_TIMEOUT_S) -> SweepRun:
+    """Run ``python -m sweepbench [-m] ARGS hydra.sweep.dir=SWEEP_DIR`` in a subprocess."""
+    argv = [*(["-m"] if multirun else []), *args, f"hydra.sweep.dir={sweep_dir}"]
+    env = env if env is not None else base_env()
+    cwd = cwd or sweep_dir.parent
+    cwd.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([sys.executable, "-m", "sweepbench", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    return SweepRun(sweep_dir, argv, proc, env)
+
+
+def wandb_inspect(run_dir: str | Path) -> dict[str, Any]:
+    """Read an offline wandb run back with wandb's own reader."""
+    proc = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--summary", "--json",
+                           str(run_dir)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"wandb leet inspect {run_dir} failed:\n{proc.stderr}"
+    return json.loads(proc.stdout)
+
+
+def processes_with_env(name: str, value: str) -> list[int]:
+    """PIDs of live processes whose environment holds NAME=VALUE (e.g. a sweep's leftover ranks)."""
+    needle = f"{name}={value}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().split(") ", 1)[1][0]
+        except OSError:
+            continue
+        if needle in environ.split(b"\0") and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+# ---------------------------------------------------------------- Hydra compose API
+
+
+@pytest.fixture(scope="session")
+def compose() -> Iterator[Callable[..., DictConfig]]:
+    """``compose(*overrides)`` -> the job config Hydra composes (the same config the CLI gets), of
+    the collective benchmark unless the overrides choose one."""
+    import hydra
+    from hydra.core.global_hydra import GlobalHydra
+
+    from sweepbench.benchmarks.registry import load_all
+    from sweepbench.cli import register_sweeper
+    from sweepbench.config.store import store_schemas
+
+    register_sweeper()
+    store_schemas()
+    load_all()
+    GlobalHydra.instance().clear()
+    with hydra.initialize_config_module(config_module="sweepbench.conf", version_base="1.3"):
+        def _compose(*overrides: str) -> DictConfig:
+            chosen = any(o.startswith("benchmark=") for o in overrides)
+            return hydra.compose(config_name="config", overrides=[*([] if chosen else [COLLECTIVE]), *overrides])
+
+        yield _compose
+
+
+def planned_tag(compose: Callable[..., DictConfig], *overrides: str) -> str:
+    """The tag sweepbench gives the job these overrides make."""
+    from sweepbench.config.validate import validate
+    from sweepbench.sweep.tags import make_tag
+
+    cfg = compose(*overrides)
+    return make_tag(cfg, world_size=validate(cfg))
+
+
+def expand_grid(args: list[str]) -> list[list[str]]:
+    """A tiny grid expander for ``key=a,b`` overrides (no quoting): the jobs a sweep holds."""
+    jobs: list[list[str]] = [[]]
+    for arg in args:
+        key, _, values = arg.partition("=")
+        choices = values.split(",") if ("," in values and "[" not in values) else [values]
+        jobs = [[*job, f"{key}={v}"] for job in jobs for v in choices]
+    return jobs
+
+
+# ---------------------------------------------------------------- the main sweep
+
+
+@pytest.fixture(scope="session")
+def main_sweep(tmp_path_factory: pytest.TempPathFactory) -> SweepRun:
+    """``-m parallelism=tp2,dp2,tp4`` (collective, gloo, small sizes), run once per session."""
+    root = tmp_path_factory.mktemp("main")
+    run = run_sweepbench(MAIN_GRID, sweep_dir=root / "sweep", env=base_env(**SECRETS, **VISIBLE))
+    assert run.rc == 0, run.describe()
+    return run
+
+
+@pytest.fixture(scope="session")
+def main_tags(compose: Callable[..., DictConfig]) -> dict[str, list[str]]:
+    """tag -> overrides, for each job of the main sweep, as the compose API predicts them."""
+    return {planned_tag(compose, *job): job for job in expand_grid(MAIN_GRID)}
