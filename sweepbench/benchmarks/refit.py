@@ -41,7 +41,7 @@ class RefitConfig(BenchmarkConfig):
     local_allgather: bool = False  # broadcast only: one copy per destination mesh, then all-gather inside it
     bucket_bytes: int = 64 << 20  # small tensors are packed into buckets of at most this many bytes
     seed: int = 0  # weights are a deterministic function of (seed, parameter, element)
-    probe_bytes: int = 0  # link probe message size; 0 = 256 MiB on GPU, 4 MiB on CPU
+    probe_bytes: int = 0  # link probe message size; 0 = 1 GiB on GPU (the large-message ceiling), 4 MiB on CPU
     warmup: int = 2
     iters: int = 5
 
@@ -107,7 +107,7 @@ class RefitBenchmark(Benchmark):
         floor_plan = make_plan(src, dst, balance=cfg.balance)  # what must cross a link, strategy aside
         src_shards = build_shards(src, ctx.rank, seed=cfg.seed, device=ctx.device) if ctx.rank in src.ranks else {}
         dst_shards = allocate_shards(dst, ctx.rank, device=ctx.device)
-        probe_bytes = cfg.probe_bytes or (256 << 20 if ctx.device.type == "cuda" else 4 << 20)
+        probe_bytes = cfg.probe_bytes or (1 << 30 if ctx.device.type == "cuda" else 4 << 20)
         link = probe_links(nbytes=probe_bytes, device=ctx.device)
         options = STRATEGY_OPTIONS.get(strategy, lambda c, d: {})(cfg, ctx.device)
         executor = make_executor(plan, strategy=strategy, bucket_bytes=cfg.bucket_bytes, **options)

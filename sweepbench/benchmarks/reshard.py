@@ -1,0 +1,202 @@
+"""Cross-mesh resharding of one tensor, after Alpa's microbenchmarks ("On Optimizing the
+Communication of Model Parallelism", Zhuang et al., MLSys 2023).
+
+``benchmark.suite`` picks the cases (see ``reshard_suites``): ``one_to_m`` (one source rank to
+destination meshes of m ranks, replicated = the broadcast case, and sharded), ``n_to_m`` (meshes
+of different sizes and shapes on both sides, specs replicated, sharded on different dims,
+partially replicated) or ``custom`` (``benchmark.cases``). Source and destination meshes are
+always on disjoint ranks (``mode`` is not used); the job has as many ranks as its largest case.
+
+Each case: build the source shards, allocate the destination shards, and for each of ``warmup``
++ ``iters`` iterations poison the destination (NaN), run the strategy's executor (timed after the
+warm-up; the slowest rank's time), then check every destination shard bit for bit; a wrong shard
+raises ``VerificationError`` naming the case. ``verified`` is true only when every rank checked
+every iteration of every case.
+
+The link floor. The job first probes its links (``probe_links``, with messages the size of the
+cases' tensor unless ``probe_bytes`` says otherwise: ``p2p_gbps``, each rank sending and receiving
+at once; ``broadcast_gbps``, rank 0 to every rank). The floor of a case holds for
+any strategy and balance mode, so ``fraction_of_link`` compares them directly. From the case's
+plan with one route per region (fan-out) and senders balanced by size:
+
+* p2p bound = the busiest rank's bytes / ``p2p_gbps``, where a rank's bytes are the larger of
+  what it must send (each distinct region once, however many ranks need it) and what it must
+  receive;
+* broadcast bound = the bytes that the busiest destination rank must receive of regions that
+  several destination ranks need / ``broadcast_gbps``;
+* ``link_floor_s`` = the larger of the two (``floor_bound`` says which), ``fraction_of_link`` =
+  ``link_floor_s`` / median time.
+
+So for 1-to-m with a replicated destination (m >= 2) the floor is the tensor's bytes / broadcast
+bandwidth (what each destination must receive, at broadcast speed); with sharded destinations it
+is the tensor's bytes / p2p bandwidth (the source must send all of it once); 1-to-1 is a p2p
+copy. ``effective_gbps`` = the busiest rank's bytes / median time. A fraction of 1 is at the link;
+a few percent above 1 is the probe's own noise (the probe is a median of 5 iterations)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.distributed as dist
+from omegaconf import DictConfig
+
+from sweepbench.benchmarks.base import Benchmark, BenchmarkResult
+from sweepbench.benchmarks.refit import BACKEND_STRATEGY, STRATEGY_OPTIONS
+from sweepbench.benchmarks.registry import register
+from sweepbench.benchmarks.reshard_suites import ResolvedCase, mesh_str, suite_cases
+from sweepbench.config.schema import BenchmarkConfig
+from sweepbench.measure import summarize, time_iterations
+from sweepbench.measure.link import probe_links
+from sweepbench.parallel import (
+    BALANCE, STRATEGIES, Plan, allocate_shards, build_shards, make_executor, make_plan, plan_for, verify_shards,
+)
+
+# the summary (results.csv, wandb) holds these per case, as <case>_<key>
+SUMMARY_KEYS = ("median_s", "effective_gbps", "fraction_of_link")
+
+
+@dataclass
+class ReshardConfig(BenchmarkConfig):
+    name: str = "reshard"
+    suite: str = "one_to_m"  # one_to_m | n_to_m | custom (sweep: benchmark.suite=one_to_m,n_to_m)
+    m: list[int] = field(default_factory=lambda: [1, 2, 4])  # one_to_m: destination mesh sizes; 1 + max(m) ranks
+    dst_specs: list[str] = field(default_factory=lambda: ["RR", "S0R", "RS0"])  # one_to_m: destination specs
+    mesh_ranks: int = 4  # n_to_m: ranks of the larger meshes (even; others have half); 2 * mesh_ranks ranks
+    cases: list[str] = field(default_factory=list)  # custom: case names, e.g. [2x2_S0R_to_1x4_RS1]
+    tensor_bytes: int = 4 << 20  # bytes of each case's tensor (at most; GPU: 1073741824)
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    strategy: str = "send_recv"  # send_recv | broadcast | naive (backend=nvshmem uses the nvshmem transport)
+    balance: str = "size"  # which source replica sends: none | size | order
+    local_allgather: bool = False  # broadcast only: one copy per destination mesh, then all-gather inside it
+    bucket_bytes: int = 64 << 20  # routes are packed into buckets of at most this many bytes
+    seed: int = 0  # tensor values are a deterministic function of (seed, element)
+    probe_bytes: int = 0  # link probe message size; 0 = the size of the largest case tensor
+    warmup: int = 2
+    iters: int = 5
+
+
+class VerificationError(AssertionError):
+    pass
+
+
+@dataclass(frozen=True)
+class Floor:
+    """What must cross a link in a case, whatever the strategy (see the module docstring)."""
+
+    busiest_rank_bytes: int
+    fanout_recv_bytes: int
+    moved_bytes: int
+
+    @classmethod
+    def of(cls, plan: Plan) -> Floor:
+        send: dict[int, int] = {}
+        recv: dict[int, int] = {}
+        fan: dict[int, int] = {}
+        for route in plan.routes:
+            if route.is_local:
+                continue
+            send[route.src] = send.get(route.src, 0) + route.nbytes
+            for rank, _ in route.dsts:
+                recv[rank] = recv.get(rank, 0) + route.nbytes
+                if len(route.dsts) > 1:
+                    fan[rank] = fan.get(rank, 0) + route.nbytes
+        busiest = max([*send.values(), *recv.values()], default=0)
+        return cls(busiest, max(fan.values(), default=0), plan.moved_bytes)
+
+    def seconds(self, link: dict[str, float]) -> tuple[float, str]:
+        p2p = self.busiest_rank_bytes / (link["p2p_gbps"] * 1e9)
+        bcast = self.fanout_recv_bytes / (link["broadcast_gbps"] * 1e9)
+        return (bcast, "broadcast") if bcast > p2p else (p2p, "p2p")
+
+
+@register("reshard")
+class ReshardBenchmark(Benchmark):
+    schema = ReshardConfig
+    tag_keys = ("suite", "strategy")
+
+    @classmethod
+    def world_size(cls, cfg: DictConfig) -> int:
+        return max(c.case.world for c in suite_cases(cfg.benchmark))
+
+    @classmethod
+    def validate(cls, cfg: DictConfig) -> None:
+        b = cfg.benchmark
+        if b.strategy not in STRATEGIES or b.strategy == "nvshmem":
+            valid = [s for s in STRATEGIES if s != "nvshmem"]
+            raise ValueError(f"benchmark.strategy={b.strategy!r}; valid: {', '.join(valid)} "
+                             f"(the nvshmem transport is chosen with backend=nvshmem)")
+        if b.balance not in BALANCE:
+            raise ValueError(f"benchmark.balance={b.balance!r}; valid: {', '.join(BALANCE)}")
+        if b.bucket_bytes < 1:
+            raise ValueError(f"benchmark.bucket_bytes={b.bucket_bytes} must be >= 1")
+        if b.probe_bytes < 0:
+            raise ValueError(f"benchmark.probe_bytes={b.probe_bytes} must be >= 0 (0: the default size)")
+        suite_cases(b)
+
+    def run(self) -> BenchmarkResult:
+        ctx, cfg = self.ctx, self.cfg
+        strategy = BACKEND_STRATEGY.get(ctx.backend, cfg.strategy)
+        resolved = suite_cases(cfg)
+        # the link at the cases' message size (a smaller probe would understate it)
+        probe_bytes = cfg.probe_bytes or max(rc.src.params[0].nbytes for rc in resolved)
+        link = probe_links(nbytes=max(4, probe_bytes // 4 * 4), device=ctx.device)
+        cases = [self._case(rc, strategy, link) for rc in resolved]
+        summary: dict[str, float] = {"p2p_gbps": link["p2p_gbps"], "broadcast_gbps": link["broadcast_gbps"]}
+        for case in cases:
+            summary.update({f"{case['case']}_{k}": case[k] for k in SUMMARY_KEYS})
+        return BenchmarkResult(cases=cases, summary=summary, verified=all(c["verified"] for c in cases),
+                               extra={"suite": cfg.suite, "strategy": strategy})
+
+    def _case(self, rc: ResolvedCase, strategy: str, link: dict[str, float]) -> dict[str, Any]:
+        ctx, cfg = self.ctx, self.cfg
+        src, dst = rc.src, rc.dst
+        plan = plan_for(src, dst, strategy=strategy, balance=cfg.balance)
+        floor = Floor.of(make_plan(src, dst, balance="size", fanout=True))
+        src_shards = build_shards(src, ctx.rank, seed=cfg.seed, device=ctx.device)
+        dst_shards = allocate_shards(dst, ctx.rank, device=ctx.device)
+        options = STRATEGY_OPTIONS.get(strategy, lambda c, d: {})(cfg, ctx.device)
+        executor = make_executor(plan, strategy=strategy, bucket_bytes=cfg.bucket_bytes, **options)
+        checks = {"n": 0}
+
+        def poison() -> None:
+            for t in dst_shards.values():
+                t.fill_(float("nan"))
+
+        def verify() -> None:
+            problems = verify_shards(dst, ctx.rank, dst_shards, seed=cfg.seed)
+            if problems:
+                raise VerificationError(f"reshard case {rc.name} ({src.describe()} -> {dst.describe()}, "
+                                        f"{strategy}, balance {cfg.balance}): {len(problems)} shards wrong, "
+                                        f"first: {problems[0]}")
+            checks["n"] += 1
+
+        times = time_iterations(lambda: executor.run(src_shards, dst_shards), warmup=cfg.warmup,
+                                iters=cfg.iters, device=ctx.device, before=poison, after=verify)
+        # (bytes sent, bytes received, checked every iteration) of every rank
+        everyone: list[Any] = [None] * ctx.world_size
+        dist.all_gather_object(everyone, (*executor.traffic(), checks["n"] == cfg.warmup + cfg.iters))
+        stats = summarize(times)
+        floor_s, bound = floor.seconds(link)
+        tensor_bytes = src.params[0].nbytes
+        c = rc.case
+        case = {
+            "case": rc.name, "suite": cfg.suite, "src_mesh": mesh_str(c.src_mesh), "src_spec": c.src_spec,
+            "dst_mesh": mesh_str(c.dst_mesh), "dst_spec": c.dst_spec, "src_ranks": list(c.src_ranks),
+            "dst_ranks": list(c.dst_ranks), "shape": list(rc.shape), "dtype": cfg.dtype,
+            "strategy": strategy, "balance": cfg.balance,
+            "local_allgather": bool(cfg.local_allgather) and "local_allgather" in options,
+            "times_s": times, **stats, "warmup": cfg.warmup, "iters": cfg.iters,
+            "tensor_bytes": tensor_bytes, "moved_bytes": floor.moved_bytes,
+            "busiest_rank_bytes": floor.busiest_rank_bytes, "fanout_recv_bytes": floor.fanout_recv_bytes,
+            "wire_bytes": sum(s for s, _, _ in everyone),
+            "wire_busiest_rank_bytes": max(max(s, r) for s, r, _ in everyone),
+            "effective_gbps": floor.busiest_rank_bytes / stats["median_s"] / 1e9, **link,
+            "link_floor_s": floor_s, "floor_bound": bound, "fraction_of_link": floor_s / stats["median_s"],
+            "routes": len(plan.routes), "plan_digest": plan.digest,
+            "verified": all(ok for _, _, ok in everyone),
+        }
+        if ctx.rank == 0:
+            print(f"reshard {rc.name} {list(rc.shape)} {strategy}: median {stats['median_s']:.6f} s, "
+                  f"{case['effective_gbps']:.3f} GB/s, {case['fraction_of_link']:.3f} of the link", flush=True)
+        return case
