@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .comm import STRATEGIES, Bucket, Executor, Shards, p2p_wait
+from .comm import STRATEGIES, Bucket, Executor, Shards
 
 
 @STRATEGIES.register("send_recv")
@@ -15,7 +15,6 @@ class SendRecv(Executor):
     plans of either fanout (a multi-receiver bucket is sent to each receiver)."""
 
     def run(self, src_shards: Shards, dst_shards: Shards) -> None:
-        self.copy_local(src_shards, dst_shards)
         ops: list[dist.P2POp] = []
         recvs: list[tuple[Bucket, torch.Tensor]] = []
         for i, b in enumerate(self.buckets):
@@ -26,6 +25,10 @@ class SendRecv(Executor):
                 target = self.recv_target(i, b, dst_shards)
                 ops.append(dist.P2POp(dist.irecv, target, b.src, self.group))
                 recvs.append((b, target))
-        p2p_wait(ops)
+        works = dist.batch_isend_irecv(ops) if ops else []
+        # the local copies run on this stream while NCCL moves the remote pieces on its own
+        self.copy_local(src_shards, dst_shards)
+        for work in works:
+            work.wait()
         for b, target in recvs:
             self.unpack(b, target, dst_shards)
