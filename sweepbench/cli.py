@@ -14,20 +14,28 @@ from sweepbench.config.store import store_schemas
 
 
 @hydra.main(version_base="1.3", config_path="pkg://sweepbench.conf", config_name="config")
-def _hydra_main(cfg: DictConfig) -> dict[str, Any]:
+def _hydra_main(cfg: DictConfig) -> dict[str, Any] | None:
     from sweepbench.job import run
 
     return run(cfg)
 
 
 def register_sweeper() -> None:
-    """Register the sweeper with Hydra explicitly: Hydra finds plugins by walking the
-    hydra_plugins folders, which an editable install does not expose to that walk."""
+    """Register the sweeper and the SLURM launchers with Hydra explicitly: Hydra finds plugins by
+    walking the hydra_plugins folders, which an editable install does not expose to that walk.
+    The modules are imported before Plugins.instance() scans, so that a scan that does see them
+    (the repository on sys.path) re-executes them in place rather than loading them anew."""
     from hydra.core.plugins import Plugins
 
+    from hydra_plugins.sweepbench_sweeper.slurm_launcher import (
+        SweepbenchSlurmLauncher,
+        SweepbenchSubmititLocalLauncher,
+    )
     from hydra_plugins.sweepbench_sweeper.sweeper import SweepbenchSweeper
 
-    Plugins.instance().register(SweepbenchSweeper)
+    plugins = Plugins.instance()
+    for plugin in (SweepbenchSweeper, SweepbenchSlurmLauncher, SweepbenchSubmititLocalLauncher):
+        plugins.register(plugin)
 
 
 _FULL_ERROR = "HYDRA_FULL_ERROR"

@@ -1,21 +1,29 @@
-"""One Hydra job = one benchmark run: validate, launch the ranks, record what happened."""
+"""One Hydra job = one benchmark run: validate, launch the ranks, record what happened.
+
+How the ranks start is looked up in ``LAUNCH_MODES``: the first mode that applies runs the job.
+Inside a multi-task submitit job (``hydra/launcher=slurm``) this process already is one rank;
+otherwise the job spawns its ranks locally."""
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from sweepbench.config.validate import validate
 from sweepbench.launch.local import JobOutcome, launch_local
+from sweepbench.launch.slurm import in_rank_task, run_slurm_tasks
 from sweepbench.record.recorder import record_job
 from sweepbench.sweep.tags import make_tag
 
 log = logging.getLogger(__name__)
+
+Record = Callable[[JobOutcome], dict[str, Any]]
 
 
 def job_overrides() -> list[str]:
@@ -29,19 +37,46 @@ def sweep_group() -> str:
     return str(hc.sweep.dir) if hc.mode.name == "MULTIRUN" else "run"
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    """Run one job and return its metrics (also written to ``metrics.json`` in the job dir)."""
-    world_size = validate(cfg)
-    tag = make_tag(cfg, world_size=world_size)
-    job_dir = Path(HydraConfig.get().runtime.output_dir)
-    log.info("job %s: %s on %d ranks", tag, cfg.benchmark.name, world_size)
-    tic = time.monotonic()
+def run_local(cfg: DictConfig, *, world_size: int, job_dir: Path, record: Record) -> dict[str, Any]:
+    """Spawn the job's ranks on this machine and record the outcome."""
     try:
         outcome = launch_local(cfg, world_size=world_size, job_dir=job_dir)
     except Exception as err:  # a launch that could not even start is a failed job, not a failed sweep
         outcome = JobOutcome("failed", f"launch: {type(err).__name__}: {err}")
-    return record_job(
-        cfg, outcome, job_dir=job_dir, tag=tag, world_size=world_size, overrides=job_overrides(),
-        group=sweep_group(), wall_time_s=time.monotonic() - tic,
-    )
+    return record(outcome)
 
+
+@dataclass(frozen=True)
+class LaunchMode:
+    name: str
+    applies: Callable[[], bool]
+    run: Callable[..., dict[str, Any] | None]  # (cfg, *, world_size, job_dir, record)
+
+
+LAUNCH_MODES: tuple[LaunchMode, ...] = (
+    LaunchMode("slurm", in_rank_task, run_slurm_tasks),  # one submitit/SLURM task per rank
+    LaunchMode("local", lambda: True, run_local),
+)
+
+
+def launch_mode() -> LaunchMode:
+    return next(mode for mode in LAUNCH_MODES if mode.applies())
+
+
+def run(cfg: DictConfig) -> dict[str, Any] | None:
+    """Run one job and return its metrics (also written to ``metrics.json`` in the job dir);
+    None on the ranks of a SLURM job that do not record (all but rank 0)."""
+    world_size = validate(cfg)
+    tag = make_tag(cfg, world_size=world_size)
+    job_dir = Path(HydraConfig.get().runtime.output_dir)
+    mode = launch_mode()
+    log.info("job %s: %s on %d ranks (%s launch)", tag, cfg.benchmark.name, world_size, mode.name)
+    tic = time.monotonic()
+
+    def record(outcome: JobOutcome) -> dict[str, Any]:
+        return record_job(
+            cfg, outcome, job_dir=job_dir, tag=tag, world_size=world_size, overrides=job_overrides(),
+            group=sweep_group(), wall_time_s=time.monotonic() - tic,
+        )
+
+    return mode.run(cfg, world_size=world_size, job_dir=job_dir, record=record)

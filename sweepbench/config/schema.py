@@ -79,7 +79,8 @@ class LaunchConfig:
     """How a job's ranks are started. Output-only: not part of the sweep tag."""
 
     timeout_s: float = 900.0  # wall-clock bound for a whole job (all its ranks)
-    ranks_per_node: int = 0  # 0 = all ranks on this node (local launch)
+    ranks_per_node: int = 0  # 0 = all ranks on one node (or gpus_per_node of them on SLURM)
+    gpus_per_node: int = 0  # GPUs a SLURM job asks for per node, one per rank; 0 = none (CPU/gloo)
     master_addr: str = "127.0.0.1"
 
 
@@ -100,7 +101,7 @@ class SweepConfig:
 class FaultConfig:
     """Fault injection, off by default: check failure handling end to end."""
 
-    kind: str = "none"  # none | raise | exit | kill | hang
+    kind: str = "none"  # none | raise | exit | kill | segfault | hang | hang_until_requeued
     rank: int = 0  # which rank misbehaves
 
 

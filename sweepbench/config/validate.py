@@ -9,11 +9,13 @@ from typing import Callable
 import torch
 from omegaconf import DictConfig
 
+from sweepbench.launch.faults import FAULTS
+
 BACKENDS = ("auto", "gloo", "nccl", "nvshmem")
 GPU_BACKENDS = ("nccl", "nvshmem")
 MODES = ("collocated", "non_collocated")
 DTYPES = ("float32", "bfloat16", "float16")
-FAULT_KINDS = ("none", "raise", "exit", "kill", "hang")
+FAULT_KINDS = ("none", *FAULTS)
 
 
 def visible_gpus() -> int:

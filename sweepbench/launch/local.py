@@ -42,6 +42,15 @@ def _describe(err: Exception) -> str:
     return f"{type(err).__name__}: {err}"
 
 
+def _first_raised(job_dir: Path) -> str | None:
+    """The error of the rank that raised first (recorded by spawned_rank_main), if any rank did."""
+    records = [r for path in job_dir.glob(".rank*_error.json") if (r := read_json(path))]
+    if not records:
+        return None
+    first = min(records, key=lambda r: r["time_ns"])
+    return f"rank {first['rank']}: {first['error']}"
+
+
 def _kill_all(context: mp.ProcessContext) -> None:
     for proc in context.processes:
         if proc.is_alive():
@@ -53,6 +62,8 @@ def _kill_all(context: mp.ProcessContext) -> None:
 def launch_local(cfg: DictConfig, *, world_size: int, job_dir: Path) -> JobOutcome:
     payload_path = job_dir / ".rank0_payload.json"
     payload_path.unlink(missing_ok=True)
+    for stale in job_dir.glob(".rank*_error.json"):
+        stale.unlink()
     store = dist.TCPStore(cfg.launch.master_addr, 0, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=cfg.launch.timeout_s))
     context = mp.start_processes(
@@ -70,7 +81,8 @@ def launch_local(cfg: DictConfig, *, world_size: int, job_dir: Path) -> JobOutco
                                              f"all {world_size} ranks were killed")
     except Exception as err:  # a rank raised or died; torch has terminated the others
         _kill_all(context)
-        return JobOutcome("failed", _describe(err))
+        first = _first_raised(job_dir) if isinstance(err, mp.ProcessRaisedException) else None
+        return JobOutcome("failed", first or _describe(err))
     payload = read_json(payload_path)
     payload_path.unlink(missing_ok=True)
     if payload is None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+import traceback
 from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
@@ -55,21 +57,22 @@ def run_rank(
         timeout=timedelta(seconds=cfg.launch.timeout_s),
         device_id=device if device.type == "cuda" else None,
     )
-    try:
-        ctx = RankContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device,
-                          backend=backend, cfg=cfg)
-        maybe_inject_fault(cfg, rank)
-        reset_peaks(device)
-        result = get_benchmark(cfg.benchmark.name)(ctx).run()
-        memory = [None] * world_size
-        dist.all_gather_object(memory, memory_peaks(device))
-        dist.barrier()
-        if rank != 0:
-            return None
-        return {"result": asdict(result), "memory_per_rank": memory, "backend": backend,
-                "device": str(device.type)}
-    finally:
-        dist.destroy_process_group()
+    # No try/finally around the group: a rank that fails leaves its group to its own exit. Destroying
+    # it first would close the peers' connections before this rank has reported its error, and a
+    # peer's "connection closed" could then be reported as the job's failure instead of the cause.
+    ctx = RankContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device,
+                      backend=backend, cfg=cfg)
+    maybe_inject_fault(cfg, rank)
+    reset_peaks(device)
+    result = get_benchmark(cfg.benchmark.name)(ctx).run()
+    memory = [None] * world_size
+    dist.all_gather_object(memory, memory_peaks(device))
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank != 0:
+        return None
+    return {"result": asdict(result), "memory_per_rank": memory, "backend": backend,
+            "device": str(device.type)}
 
 
 def spawned_rank_main(local_rank: int, cfg_container: dict, job_dir: str, master_addr: str,
@@ -81,7 +84,17 @@ def spawned_rank_main(local_rank: int, cfg_container: dict, job_dir: str, master
     cfg = OmegaConf.create(cfg_container)
     store = dist.TCPStore(master_addr, port, is_master=False,
                           timeout=timedelta(seconds=cfg.launch.timeout_s))
-    payload = run_rank(cfg, rank=local_rank, world_size=world_size, local_rank=local_rank,
-                       ranks_per_node=world_size, store=store)
+    try:
+        payload = run_rank(cfg, rank=local_rank, world_size=world_size, local_rank=local_rank,
+                           ranks_per_node=world_size, store=store)
+    except Exception as err:
+        # The first rank to raise is the job's cause; its peers fail after it ("connection closed").
+        # Record when, for the launcher to tell them apart, and the traceback in this rank's log.
+        failed_at = time.time_ns()
+        traceback.print_exc()
+        write_json_atomic(Path(job_dir) / f".rank{local_rank}_error.json",
+                          {"rank": local_rank, "time_ns": failed_at,
+                           "error": traceback.format_exception_only(err)[-1].strip()})
+        raise
     if payload is not None:
         write_json_atomic(Path(job_dir) / ".rank0_payload.json", payload)

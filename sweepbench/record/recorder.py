@@ -59,10 +59,14 @@ def wandb_summary(metrics: dict[str, Any]) -> dict[str, Any]:
 
 
 def record_job(cfg: DictConfig, outcome: JobOutcome, *, job_dir: Path, tag: str, world_size: int,
-               overrides: list[str], group: str, wall_time_s: float) -> dict[str, Any]:
+               overrides: list[str], group: str, wall_time_s: float, env: dict[str, Any] | None = None,
+               extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write env.json (``env``, else this process's), the wandb run and metrics.json (with
+    ``extra`` keys added, e.g. the SLURM state of a job the sweep driver records)."""
     metrics = build_metrics(cfg, outcome, tag=tag, world_size=world_size, overrides=overrides,
                             wall_time_s=wall_time_s)
-    write_json_atomic(job_dir / ENV_FILE, capture_env())
+    metrics.update(extra or {})
+    write_json_atomic(job_dir / ENV_FILE, env if env is not None else capture_env())
     run = start_run(cfg, job_dir=job_dir, tag=tag, group=group, config=metrics["config"])
     run.log_cases(metrics["results"].get("cases", []))
     run.log_summary(wandb_summary(metrics))

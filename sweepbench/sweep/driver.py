@@ -84,6 +84,9 @@ def run_sweep(sweeper: Any, arguments: list[str]) -> list[Any]:
     sweep_dir = Path(sweeper.config.hydra.sweep.dir)
     if opts.dry_run:
         print_plan(jobs, sweep_dir=sweep_dir)
+        describe = getattr(sweeper.launcher, "describe", None)  # e.g. the SLURM request of each job
+        if callable(describe):
+            describe([j.launch_overrides for j in jobs])
         return []
     sweep_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(sweeper.config, sweep_dir / "multirun.yaml")

@@ -7,6 +7,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 STATUS_STYLE = {"ok": "green", "failed": "red", "timeout": "red", "skipped": "yellow"}
@@ -45,7 +46,7 @@ def print_summary(results: pd.DataFrame, *, sweep_dir: Path) -> None:
     for col in columns:
         table.add_column(col, overflow="fold")
     for row in results.to_dict("records"):
-        cells = [_fmt(row.get(col)) for col in columns]
+        cells = [escape(_fmt(row.get(col))) for col in columns]  # an error may hold "[...]"
         style = STATUS_STYLE.get(str(row.get("status")), "")
         cells[1] = f"[{style}]{cells[1]}[/{style}]" if style else cells[1]
         table.add_row(*cells)
