@@ -64,6 +64,7 @@ class ReshardConfig(BenchmarkConfig):
     dst_specs: list[str] = field(default_factory=lambda: ["RR", "S0R", "RS0"])  # one_to_m: destination specs
     mesh_ranks: int = 4  # n_to_m: ranks of the larger meshes (even; others have half); 2 * mesh_ranks ranks
     cases: list[str] = field(default_factory=list)  # custom: case names, e.g. [2x2_S0R_to_1x4_RS1]
+    overlap: bool = False  # destination mesh starts at rank 0, sharing ranks with the source mesh
     tensor_bytes: int = 4 << 20  # bytes of each case's tensor (at most; GPU: 1073741824)
     dtype: str = "float32"  # float32 | bfloat16 | float16
     strategy: str = "send_recv"  # send_recv | broadcast | naive (backend=nvshmem uses the nvshmem transport)

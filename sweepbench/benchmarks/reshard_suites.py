@@ -1,7 +1,8 @@
 """The cases of the reshard benchmark, and the suites that list them.
 
 A case moves one tensor from a source mesh to a destination mesh on disjoint ranks: the source
-mesh holds ranks ``[0, S)``, the destination mesh ``[S, S + D)``. Its name says everything but
+mesh holds ranks ``[0, S)``, the destination mesh ``[S, S + D)`` (with ``benchmark.overlap=true``
+the destination mesh starts at rank 0 instead and shares ranks with the source). Its name says everything but
 the tensor's size, ``<src mesh>_<src spec>_to_<dst mesh>_<dst spec>``: a mesh is its sizes joined
 by ``x`` (``4``, ``2x2``, ``1x4``), a spec Alpa's per-dim ``R`` / ``S<mesh axes>`` (``S0R``,
 ``RS1``, ``S01R``); e.g. ``2x2_S0R_to_1x4_RS1``. The same grammar writes the ``custom`` suite's
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from sweepbench.parallel import DeviceMesh, Layout, Registry, parse_spec, tensor_layout
@@ -34,12 +35,14 @@ def mesh_str(shape: tuple[int, ...]) -> str:
 
 @dataclass(frozen=True)
 class Case:
-    """One tensor from ``src_mesh`` (ranks [0, S)) to ``dst_mesh`` (ranks [S, S + D))."""
+    """One tensor from ``src_mesh`` (ranks [0, S)) to ``dst_mesh`` (ranks [S, S + D), or [0, D)
+    when ``overlap``)."""
 
     src_mesh: tuple[int, ...]
     src_spec: str
     dst_mesh: tuple[int, ...]
     dst_spec: str
+    overlap: bool = False
 
     @property
     def name(self) -> str:
@@ -51,12 +54,12 @@ class Case:
 
     @property
     def dst_ranks(self) -> range:
-        s = math.prod(self.src_mesh)
+        s = 0 if self.overlap else math.prod(self.src_mesh)
         return range(s, s + math.prod(self.dst_mesh))
 
     @property
     def world(self) -> int:
-        return self.dst_ranks.stop
+        return max(self.src_ranks.stop, self.dst_ranks.stop)
 
     def parts(self, dim: int) -> int:
         """Number of parts either side splits ``dim`` into, lcm'd: every dim of the tensor is a
@@ -189,6 +192,7 @@ def suite_cases(b: Any) -> list[ResolvedCase]:
         raise ValueError(f"benchmark.tensor_bytes={b.tensor_bytes} must be >= 1")
     out, seen = [], set()
     for case in SUITES.get(b.suite)(b):
+        case = replace(case, overlap=bool(b.overlap))
         shape = case.shape(b.tensor_bytes, b.dtype)
         try:
             src, dst = case.layouts(shape, b.dtype)
