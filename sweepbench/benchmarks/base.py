@@ -12,6 +12,10 @@ from omegaconf import DictConfig
 from sweepbench.config.schema import BenchmarkConfig
 
 
+class VerificationError(AssertionError):
+    """A benchmark's output differs from its reference: the job fails, its times are not reported."""
+
+
 @dataclass
 class RankContext:
     """Where a rank stands: its place in the default process group and its device."""

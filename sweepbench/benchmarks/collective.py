@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from sweepbench.benchmarks.base import Benchmark, BenchmarkResult
+from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, VerificationError
 from sweepbench.benchmarks.registry import register
 from sweepbench.config.schema import BenchmarkConfig
 from sweepbench.measure import summarize, time_iterations
@@ -120,10 +120,6 @@ def message_sizes(cfg: Any) -> list[int]:
         sizes.append(s)
         s *= cfg.step_factor
     return sizes
-
-
-class VerificationError(AssertionError):
-    pass
 
 
 @register("collective")

@@ -13,23 +13,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
 
-import torch
-import torch.distributed as dist
 from omegaconf import DictConfig
 
 from sweepbench.benchmarks.base import Benchmark, BenchmarkResult
 from sweepbench.benchmarks.layouts import as_node, degrees_of, parse_layout, world_of
 from sweepbench.benchmarks.registry import register
+from sweepbench.benchmarks.transfer import check_transfer_options, time_transfer, transfer_strategy
 from sweepbench.config.schema import BenchmarkConfig
 from sweepbench.config.validate import check_layout
-from sweepbench.measure import summarize, time_iterations
+from sweepbench.measure import summarize
 from sweepbench.measure.link import probe_links
-from sweepbench.parallel import (
-    BALANCE, STRATEGIES, Layout, allocate_shards, build_shards, make_executor, make_plan, model_layout,
-    plan_for, verify_shards,
-)
+from sweepbench.parallel import Layout, make_plan, model_layout
 
 
 @dataclass
@@ -44,18 +39,6 @@ class RefitConfig(BenchmarkConfig):
     probe_bytes: int = 0  # link probe message size; 0 = 1 GiB on GPU (the large-message ceiling), 4 MiB on CPU
     warmup: int = 2
     iters: int = 5
-
-
-# Strategy-specific executor options, and the transport a backend imposes.
-STRATEGY_OPTIONS: dict[str, Callable[[Any, torch.device], dict[str, Any]]] = {
-    "broadcast": lambda cfg, device: {"local_allgather": cfg.local_allgather},
-    "nvshmem": lambda cfg, device: {"device": device},
-}
-BACKEND_STRATEGY = {"nvshmem": "nvshmem"}
-
-
-class VerificationError(AssertionError):
-    pass
 
 
 def _placements(cfg: DictConfig) -> tuple[dict[str, int], range, dict[str, int], range]:
@@ -85,14 +68,7 @@ class RefitBenchmark(Benchmark):
         b = cfg.benchmark
         infer = parse_layout(b.inference, key="benchmark.inference")
         check_layout(cfg.model, as_node(infer, b.inference), where="benchmark.inference")
-        if b.strategy not in STRATEGIES or b.strategy == "nvshmem":
-            valid = [s for s in STRATEGIES if s != "nvshmem"]
-            raise ValueError(f"benchmark.strategy={b.strategy!r}; valid: {', '.join(valid)} "
-                             f"(the nvshmem transport is chosen with backend=nvshmem)")
-        if b.balance not in BALANCE:
-            raise ValueError(f"benchmark.balance={b.balance!r}; valid: {', '.join(BALANCE)}")
-        if b.bucket_bytes < 1:
-            raise ValueError(f"benchmark.bucket_bytes={b.bucket_bytes} must be >= 1")
+        check_transfer_options(b)
 
     def layouts(self) -> tuple[Layout, Layout]:
         train, train_ranks, infer, infer_ranks = _placements(self.ctx.cfg)
@@ -102,55 +78,28 @@ class RefitBenchmark(Benchmark):
     def run(self) -> BenchmarkResult:
         ctx, cfg = self.ctx, self.cfg
         src, dst = self.layouts()
-        strategy = BACKEND_STRATEGY.get(ctx.backend, cfg.strategy)
-        plan = plan_for(src, dst, strategy=strategy, balance=cfg.balance)
+        strategy = transfer_strategy(ctx.backend, cfg.strategy)
         floor_plan = make_plan(src, dst, balance=cfg.balance)  # what must cross a link, strategy aside
-        src_shards = build_shards(src, ctx.rank, seed=cfg.seed, device=ctx.device) if ctx.rank in src.ranks else {}
-        dst_shards = allocate_shards(dst, ctx.rank, device=ctx.device)
         probe_bytes = cfg.probe_bytes or (1 << 30 if ctx.device.type == "cuda" else 4 << 20)
         link = probe_links(nbytes=probe_bytes, device=ctx.device)
-        options = STRATEGY_OPTIONS.get(strategy, lambda c, d: {})(cfg, ctx.device)
-        executor = make_executor(plan, strategy=strategy, bucket_bytes=cfg.bucket_bytes, **options)
-        checks = {"n": 0}
-
-        def poison() -> None:
-            for t in dst_shards.values():
-                t.fill_(float("nan"))
-
-        def verify() -> None:
-            problems = verify_shards(dst, ctx.rank, dst_shards, seed=cfg.seed)
-            if problems:
-                raise VerificationError(f"refit {src.describe()} -> {dst.describe()} ({strategy}): "
-                                        f"{len(problems)} shards wrong, first: {problems[0]}")
-            checks["n"] += 1
-
-        times = time_iterations(lambda: executor.run(src_shards, dst_shards), warmup=cfg.warmup,
-                                iters=cfg.iters, device=ctx.device, before=poison, after=verify)
-        return self._report(plan, floor_plan, executor, times, link, strategy, checks["n"])
-
-    def _report(self, plan: Any, floor_plan: Any, executor: Any, times: list[float],
-                link: dict[str, float], strategy: str, num_checks: int) -> BenchmarkResult:
-        traffic = [None] * self.ctx.world_size
-        dist.all_gather_object(traffic, executor.traffic())
-        verified_all = [None] * self.ctx.world_size
-        dist.all_gather_object(verified_all, num_checks == self.cfg.warmup + self.cfg.iters)
-        stats = summarize(times)
+        run = time_transfer(src, dst, ctx=ctx, cfg=cfg, strategy=strategy, label="refit")
+        stats = summarize(run.times_s)
         busiest = max(max(floor_plan.send_bytes.get(r, 0), floor_plan.recv_bytes.get(r, 0))
-                      for r in range(self.ctx.world_size))
-        wire_busiest = max(max(s, r) for s, r in traffic)
+                      for r in range(ctx.world_size))
         floor_s = busiest / (link["p2p_gbps"] * 1e9)
         case = {
-            "strategy": strategy, "balance": self.cfg.balance, "local_allgather": self.cfg.local_allgather,
-            "train_layout": plan.src.describe(), "inference_layout": plan.dst.describe(),
-            "times_s": times, **stats, "warmup": self.cfg.warmup, "iters": self.cfg.iters,
-            "model_bytes": plan.model_bytes, "moved_bytes": floor_plan.moved_bytes,
+            "strategy": strategy, "balance": cfg.balance, "local_allgather": cfg.local_allgather,
+            "train_layout": src.describe(), "inference_layout": dst.describe(),
+            "times_s": run.times_s, **stats, "warmup": cfg.warmup, "iters": cfg.iters,
+            "model_bytes": run.plan.model_bytes, "moved_bytes": floor_plan.moved_bytes,
             "local_bytes": floor_plan.local_bytes, "busiest_rank_bytes": busiest,
-            "wire_bytes": sum(s for s, _ in traffic), "wire_busiest_rank_bytes": wire_busiest,
+            "wire_bytes": sum(s for s, _ in run.traffic),
+            "wire_busiest_rank_bytes": max(max(s, r) for s, r in run.traffic),
             "effective_gbps": busiest / stats["median_s"] / 1e9, **link,
             "link_floor_s": floor_s, "fraction_of_link": floor_s / stats["median_s"],
-            "plan_digest": plan.digest,
+            "plan_digest": run.plan.digest,
         }
         summary = {k: case[k] for k in ("median_s", "iqr_s", "min_s", "max_s", "model_bytes", "moved_bytes",
                                          "local_bytes", "effective_gbps", "link_floor_s", "fraction_of_link")}
         summary = {f"refit_{k}" if k.endswith("_s") else k: v for k, v in summary.items()}
-        return BenchmarkResult(cases=[case], summary=summary, verified=all(verified_all))
+        return BenchmarkResult(cases=[case], summary=summary, verified=run.verified)

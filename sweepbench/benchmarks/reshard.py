@@ -38,19 +38,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch.distributed as dist
 from omegaconf import DictConfig
 
 from sweepbench.benchmarks.base import Benchmark, BenchmarkResult
-from sweepbench.benchmarks.refit import BACKEND_STRATEGY, STRATEGY_OPTIONS
 from sweepbench.benchmarks.registry import register
 from sweepbench.benchmarks.reshard_suites import ResolvedCase, mesh_str, suite_cases
+from sweepbench.benchmarks.transfer import check_transfer_options, time_transfer, transfer_strategy
 from sweepbench.config.schema import BenchmarkConfig
-from sweepbench.measure import summarize, time_iterations
+from sweepbench.measure import summarize
 from sweepbench.measure.link import probe_links
-from sweepbench.parallel import (
-    BALANCE, STRATEGIES, Plan, allocate_shards, build_shards, make_executor, make_plan, plan_for, verify_shards,
-)
+from sweepbench.parallel import Plan, make_plan
 
 # the summary (results.csv, wandb) holds these per case, as <case>_<key>
 SUMMARY_KEYS = ("median_s", "effective_gbps", "fraction_of_link")
@@ -75,10 +72,6 @@ class ReshardConfig(BenchmarkConfig):
     probe_bytes: int = 0  # link probe message size; 0 = the size of the largest case tensor
     warmup: int = 2
     iters: int = 5
-
-
-class VerificationError(AssertionError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -123,21 +116,14 @@ class ReshardBenchmark(Benchmark):
     @classmethod
     def validate(cls, cfg: DictConfig) -> None:
         b = cfg.benchmark
-        if b.strategy not in STRATEGIES or b.strategy == "nvshmem":
-            valid = [s for s in STRATEGIES if s != "nvshmem"]
-            raise ValueError(f"benchmark.strategy={b.strategy!r}; valid: {', '.join(valid)} "
-                             f"(the nvshmem transport is chosen with backend=nvshmem)")
-        if b.balance not in BALANCE:
-            raise ValueError(f"benchmark.balance={b.balance!r}; valid: {', '.join(BALANCE)}")
-        if b.bucket_bytes < 1:
-            raise ValueError(f"benchmark.bucket_bytes={b.bucket_bytes} must be >= 1")
+        check_transfer_options(b)
         if b.probe_bytes < 0:
             raise ValueError(f"benchmark.probe_bytes={b.probe_bytes} must be >= 0 (0: the default size)")
         suite_cases(b)
 
     def run(self) -> BenchmarkResult:
         ctx, cfg = self.ctx, self.cfg
-        strategy = BACKEND_STRATEGY.get(ctx.backend, cfg.strategy)
+        strategy = transfer_strategy(ctx.backend, cfg.strategy)
         resolved = suite_cases(cfg)
         # the link at the cases' message size (a smaller probe would understate it)
         probe_bytes = cfg.probe_bytes or max(rc.src.params[0].nbytes for rc in resolved)
@@ -152,31 +138,9 @@ class ReshardBenchmark(Benchmark):
     def _case(self, rc: ResolvedCase, strategy: str, link: dict[str, float]) -> dict[str, Any]:
         ctx, cfg = self.ctx, self.cfg
         src, dst = rc.src, rc.dst
-        plan = plan_for(src, dst, strategy=strategy, balance=cfg.balance)
         floor = Floor.of(make_plan(src, dst, balance="size", fanout=True))
-        src_shards = build_shards(src, ctx.rank, seed=cfg.seed, device=ctx.device)
-        dst_shards = allocate_shards(dst, ctx.rank, device=ctx.device)
-        options = STRATEGY_OPTIONS.get(strategy, lambda c, d: {})(cfg, ctx.device)
-        executor = make_executor(plan, strategy=strategy, bucket_bytes=cfg.bucket_bytes, **options)
-        checks = {"n": 0}
-
-        def poison() -> None:
-            for t in dst_shards.values():
-                t.fill_(float("nan"))
-
-        def verify() -> None:
-            problems = verify_shards(dst, ctx.rank, dst_shards, seed=cfg.seed)
-            if problems:
-                raise VerificationError(f"reshard case {rc.name} ({src.describe()} -> {dst.describe()}, "
-                                        f"{strategy}, balance {cfg.balance}): {len(problems)} shards wrong, "
-                                        f"first: {problems[0]}")
-            checks["n"] += 1
-
-        times = time_iterations(lambda: executor.run(src_shards, dst_shards), warmup=cfg.warmup,
-                                iters=cfg.iters, device=ctx.device, before=poison, after=verify)
-        # (bytes sent, bytes received, checked every iteration) of every rank
-        everyone: list[Any] = [None] * ctx.world_size
-        dist.all_gather_object(everyone, (*executor.traffic(), checks["n"] == cfg.warmup + cfg.iters))
+        run = time_transfer(src, dst, ctx=ctx, cfg=cfg, strategy=strategy, label=f"reshard case {rc.name}")
+        times, plan, options = run.times_s, run.plan, run.options
         stats = summarize(times)
         floor_s, bound = floor.seconds(link)
         tensor_bytes = src.params[0].nbytes
@@ -190,12 +154,12 @@ class ReshardBenchmark(Benchmark):
             "times_s": times, **stats, "warmup": cfg.warmup, "iters": cfg.iters,
             "tensor_bytes": tensor_bytes, "moved_bytes": floor.moved_bytes,
             "busiest_rank_bytes": floor.busiest_rank_bytes, "fanout_recv_bytes": floor.fanout_recv_bytes,
-            "wire_bytes": sum(s for s, _, _ in everyone),
-            "wire_busiest_rank_bytes": max(max(s, r) for s, r, _ in everyone),
+            "wire_bytes": sum(s for s, _ in run.traffic),
+            "wire_busiest_rank_bytes": max(max(s, r) for s, r in run.traffic),
             "effective_gbps": floor.busiest_rank_bytes / stats["median_s"] / 1e9, **link,
             "link_floor_s": floor_s, "floor_bound": bound, "fraction_of_link": floor_s / stats["median_s"],
             "routes": len(plan.routes), "plan_digest": plan.digest,
-            "verified": all(ok for _, _, ok in everyone),
+            "verified": run.verified,
         }
         if ctx.rank == 0:
             print(f"reshard {rc.name} {list(rc.shape)} {strategy}: median {stats['median_s']:.6f} s, "
