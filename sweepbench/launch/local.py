@@ -16,6 +16,7 @@ import torch.multiprocessing as mp
 from omegaconf import DictConfig, OmegaConf
 
 from sweepbench.launch.rank import spawned_rank_main
+from sweepbench.launch.rank_errors import clear_rank_errors, first_raised, last_line
 from sweepbench.record.atomic import read_json
 
 POLL_S = 0.2
@@ -28,27 +29,13 @@ class JobOutcome:
     payload: dict[str, Any] = field(default_factory=dict)
 
 
-def _last_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else text
-
-
 def _describe(err: Exception) -> str:
     if isinstance(err, mp.ProcessRaisedException):
-        return f"rank {err.error_index}: {_last_line(str(err))}"
+        return f"rank {err.error_index}: {last_line(str(err))}"
     if isinstance(err, mp.ProcessExitedException):
         how = f"signal {err.signal_name}" if err.signal_name else f"exit code {err.exit_code}"
         return f"rank {err.error_index} died ({how})"
     return f"{type(err).__name__}: {err}"
-
-
-def _first_raised(job_dir: Path) -> str | None:
-    """The error of the rank that raised first (recorded by spawned_rank_main), if any rank did."""
-    records = [r for path in job_dir.glob(".rank*_error.json") if (r := read_json(path))]
-    if not records:
-        return None
-    first = min(records, key=lambda r: r["time_ns"])
-    return f"rank {first['rank']}: {first['error']}"
 
 
 def _kill_all(context: mp.ProcessContext) -> None:
@@ -62,8 +49,7 @@ def _kill_all(context: mp.ProcessContext) -> None:
 def launch_local(cfg: DictConfig, *, world_size: int, job_dir: Path) -> JobOutcome:
     payload_path = job_dir / ".rank0_payload.json"
     payload_path.unlink(missing_ok=True)
-    for stale in job_dir.glob(".rank*_error.json"):
-        stale.unlink()
+    clear_rank_errors(job_dir)
     store = dist.TCPStore(cfg.launch.master_addr, 0, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=cfg.launch.timeout_s))
     context = mp.start_processes(
@@ -81,7 +67,7 @@ def launch_local(cfg: DictConfig, *, world_size: int, job_dir: Path) -> JobOutco
                                              f"all {world_size} ranks were killed")
     except Exception as err:  # a rank raised or died; torch has terminated the others
         _kill_all(context)
-        first = _first_raised(job_dir) if isinstance(err, mp.ProcessRaisedException) else None
+        first = first_raised(job_dir) if isinstance(err, mp.ProcessRaisedException) else None
         return JobOutcome("failed", first or _describe(err))
     payload = read_json(payload_path)
     payload_path.unlink(missing_ok=True)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
-import traceback
 from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
@@ -19,6 +17,7 @@ from sweepbench.benchmarks.base import RankContext
 from sweepbench.benchmarks.registry import get_benchmark
 from sweepbench.config.validate import GPU_BACKENDS, resolve_backend
 from sweepbench.launch.faults import maybe_inject_fault
+from sweepbench.launch.rank_errors import note_rank_error
 from sweepbench.measure.memory import memory_peaks, reset_peaks
 
 
@@ -88,13 +87,7 @@ def spawned_rank_main(local_rank: int, cfg_container: dict, job_dir: str, master
         payload = run_rank(cfg, rank=local_rank, world_size=world_size, local_rank=local_rank,
                            ranks_per_node=world_size, store=store)
     except Exception as err:
-        # The first rank to raise is the job's cause; its peers fail after it ("connection closed").
-        # Record when, for the launcher to tell them apart, and the traceback in this rank's log.
-        failed_at = time.time_ns()
-        traceback.print_exc()
-        write_json_atomic(Path(job_dir) / f".rank{local_rank}_error.json",
-                          {"rank": local_rank, "time_ns": failed_at,
-                           "error": traceback.format_exception_only(err)[-1].strip()})
+        note_rank_error(Path(job_dir), local_rank, err)
         raise
     if payload is not None:
         write_json_atomic(Path(job_dir) / ".rank0_payload.json", payload)

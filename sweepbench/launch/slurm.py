@@ -17,9 +17,6 @@ import logging
 import os
 import random
 import shutil
-import sys
-import time
-import traceback
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -30,18 +27,14 @@ from omegaconf import DictConfig
 from sweepbench.launch.faults import restart_count
 from sweepbench.launch.local import JobOutcome
 from sweepbench.launch.rank import redirect_output, run_rank
-from sweepbench.record.atomic import read_json, write_json_atomic
+from sweepbench.launch.rank_errors import clear_rank_errors, first_raised, last_line, note_rank_error
+from sweepbench.record.atomic import write_json_atomic
 from sweepbench.record.env import capture_env
 
 log = logging.getLogger(__name__)
 
 MIN_PORT, MAX_PORT = 20000, 60000
 TASKS_ARE_RANKS = "SWEEPBENCH_TASKS_ARE_RANKS"  # set by the launcher's task function in each task
-
-
-def _last_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else text
 
 
 def in_rank_task() -> bool:
@@ -100,30 +93,9 @@ def start_attempt(job_dir: Path) -> None:
     it ran)."""
     for name in ("metrics.json", "env.json"):
         (job_dir / name).unlink(missing_ok=True)
-    for stale in job_dir.glob(".rank*_error.json"):
-        stale.unlink(missing_ok=True)
+    clear_rank_errors(job_dir)
     shutil.rmtree(job_dir / "wandb", ignore_errors=True)
     write_json_atomic(job_dir / "env.json", capture_env())
-
-
-def note_error(job_dir: Path, rank: int, err: BaseException) -> None:
-    """A rank that raises: its traceback to its log, and ``.rank<N>_error.json`` with when, so
-    that the first rank to fail (the cause; its peers then fail with "connection closed") can be
-    told apart, as the local launcher does."""
-    failed_at = time.time_ns()
-    traceback.print_exc()
-    sys.stderr.flush()
-    write_json_atomic(job_dir / f".rank{rank}_error.json",
-                      {"rank": rank, "time_ns": failed_at, "error": traceback.format_exception_only(err)[-1].strip()})
-
-
-def first_raised(job_dir: Path) -> str | None:
-    """``rank N: <error>`` of the rank that raised first, if any did."""
-    records = [r for path in job_dir.glob(".rank*_error.json") if (r := read_json(path))]
-    if not records:
-        return None
-    first = min(records, key=lambda r: r["time_ns"])
-    return f"rank {first['rank']}: {_last_line(first['error'])}"
 
 
 def _is_time_out(err: BaseException) -> bool:
@@ -150,13 +122,13 @@ def run_slurm_tasks(cfg: DictConfig, *, world_size: int, job_dir: Path,
         payload = run_rank(cfg, rank=rank, world_size=world_size, local_rank=layout.local_rank,
                            ranks_per_node=layout.ranks_per_node, store=None)
     except Exception as err:
-        note_error(job_dir, rank, err)
+        note_rank_error(job_dir, rank, err)
         if rank != 0:
             raise
         if _is_time_out(err):
             outcome = JobOutcome("timeout", f"SLURM time limit reached and the job was not requeued ({err})")
         else:
-            outcome = JobOutcome("failed", first_raised(job_dir) or f"rank 0: {_last_line(str(err))}")
+            outcome = JobOutcome("failed", first_raised(job_dir) or f"rank 0: {last_line(str(err))}")
         return record(outcome)
     if rank != 0:
         return None
