@@ -89,3 +89,19 @@ def test_impossible_layouts_are_refused_before_any_rank(tmp_path: Path, override
     assert run.rc == 2, run.describe()
     assert needle in run.stderr, run.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_user_config_dir_on_the_search_path(tmp_path: Path) -> None:
+    """A model from the user's own config directory, added through Hydra's search path."""
+    (tmp_path / "my_conf" / "model").mkdir(parents=True)
+    (tmp_path / "my_conf" / "model" / "my_model.yaml").write_text(
+        "defaults: [base_model]\nname: my_model\nnum_layers: 2\nhidden_size: 32\nnum_heads: 4\n"
+        "num_kv_heads: 2\nffn_hidden_size: 64\nvocab_size: 128\ndtype: float32\nseq_len: 64\n")
+    search = f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]"
+    run = run_sweepbench([search, "model=my_model", "parallelism=tp2", *QUICK], sweep_dir=tmp_path / "mine")
+    assert run.rc == 0, run.describe()
+    (m,) = run.all_metrics().values()
+    assert m["tag"].startswith("refit-tp1-send_recv_my_model_tp2_") and m["verified"]
+    assert m["config"]["model"]["num_kv_heads"] == 2
+    bad = run_sweepbench([search, "model=my_model", "parallelism=tp4"], sweep_dir=tmp_path / "bad")
+    assert bad.rc == 2 and "parallelism.tp=4 does not divide model.num_kv_heads=2" in bad.stderr
