@@ -111,7 +111,11 @@ class SlurmWatcher:
         for t in jobs:
             in_queue, row = queued.get(str(t.job.job_id)), accounted.get(str(t.job.job_id))
             live = _state(in_queue)
-            if row and _state(row) not in PENDING | RUNNING:  # over, per accounting: the final word
+            if live in PENDING | RUNNING:
+                # still in slurmctld's queue: not over, whatever accounting says of an attempt that
+                # ended (a requeued job's last attempt can read FAILED while it waits to run again)
+                t.info.state, t.info.reason = live, (in_queue or {}).get("Reason")
+            elif row and _state(row) not in PENDING | RUNNING:  # over, per accounting: the final word
                 elapsed = row.get("ElapsedRaw") or ""
                 t.info = JobState(_state(row), row.get("ExitCode") or None,
                                   float(elapsed) if elapsed.isdigit() else None)
