@@ -67,6 +67,6 @@ def main() -> None:
     except HydraException as err:
         if not _raise_compose_errors:
             raise
-        from sweepbench.sweep.driver import _fail, error_line
+        from sweepbench.sweep.driver import exit_bad_input, error_line
 
-        _fail(error_line(err))
+        exit_bad_input(error_line(err))

@@ -106,14 +106,14 @@ def plan_job(launcher: Any, overrides: Sequence[str], num: int) -> JobSpec:
 
 def plan_all(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobSpec]:
     """Every job's request, before anything is submitted; a bad one: one line, exit 2."""
-    from sweepbench.sweep.driver import _fail, error_line
+    from sweepbench.sweep.driver import exit_bad_input, error_line
 
     specs = []
     for i, overrides in enumerate(job_overrides):
         try:
             specs.append(plan_job(launcher, overrides, initial_job_idx + i))
         except ValueError as err:
-            _fail(f"{error_line(err)} (in job: {' '.join(o for o in overrides if not o.startswith('hydra.'))})")
+            exit_bad_input(f"{error_line(err)} (in job: {' '.join(o for o in overrides if not o.startswith('hydra.'))})")
     return specs
 
 

@@ -61,7 +61,5 @@ def aggregate_sweep(sweep_dir: Path, jobs: Iterable[Any], *, resumed: set[str],
     write_atomic(sweep_dir / "results.csv", table.to_csv(index=False))
     buf = io.BytesIO()
     table.astype({"error": "string"}).to_parquet(buf, index=False)
-    tmp = sweep_dir / ".results.parquet.tmp"
-    tmp.write_bytes(buf.getvalue())
-    tmp.replace(sweep_dir / "results.parquet")
+    write_atomic(sweep_dir / "results.parquet", buf.getvalue())
     return table

@@ -43,7 +43,7 @@ def error_line(err: BaseException) -> str:
     return text
 
 
-def _fail(message: str) -> NoReturn:
+def exit_bad_input(message: str) -> NoReturn:
     """Bad input: one line on stderr, exit 2."""
     line = " ".join(part.strip() for part in message.splitlines() if part.strip())
     print(f"sweepbench: error: {line}", file=sys.stderr)
@@ -57,7 +57,7 @@ def plan_jobs(sweeper: Any, arguments: list[str]) -> list[PlannedJob]:
     try:
         grid = BasicSweeper.split_arguments(parser.parse_overrides(arguments), None)[0]
     except HydraException as err:
-        _fail(error_line(err))
+        exit_bad_input(error_line(err))
     jobs: dict[str, PlannedJob] = {}
     for overrides in grid:
         try:
@@ -68,7 +68,7 @@ def plan_jobs(sweeper: Any, arguments: list[str]) -> list[PlannedJob]:
             tag = make_tag(cfg, world_size=world_size)
         except (ValueError, HydraException) as err:
             where = " ".join(overrides) or "(defaults)"
-            _fail(f"{error_line(err)} (in job: {where})")
+            exit_bad_input(f"{error_line(err)} (in job: {where})")
         jobs.setdefault(tag, PlannedJob(list(overrides), tag, world_size, cfg))
     return list(jobs.values())
 
