@@ -19,8 +19,7 @@ from omegaconf import DictConfig
 from sweepbench.benchmarks.base import Benchmark, BenchmarkResult
 from sweepbench.benchmarks.layouts import as_node, degrees_of, parse_layout, world_of
 from sweepbench.benchmarks.registry import register
-from sweepbench.benchmarks.transfer import check_transfer_options, time_transfer, transfer_strategy
-from sweepbench.config.schema import BenchmarkConfig
+from sweepbench.benchmarks.transfer import TransferConfig, check_transfer_options, time_transfer, transfer_strategy
 from sweepbench.config.validate import check_layout
 from sweepbench.measure import summarize
 from sweepbench.measure.link import probe_links
@@ -28,17 +27,11 @@ from sweepbench.parallel import Layout, make_plan, model_layout
 
 
 @dataclass
-class RefitConfig(BenchmarkConfig):
+class RefitConfig(TransferConfig):
+    """Refit's probe_bytes default (0): 1 GiB on GPU (the large-message ceiling), 4 MiB on CPU."""
+
     name: str = "refit"
     inference: str = "tp1"  # inference layout, e.g. tp1, tp4, tp4pp1, ep4 (sweep: benchmark.inference=tp1,tp4)
-    strategy: str = "send_recv"  # send_recv | broadcast | naive (backend=nvshmem uses the nvshmem transport)
-    balance: str = "size"  # which replica sends: none (first holder) | size (least loaded) | order (round robin)
-    local_allgather: bool = False  # broadcast only: one copy per destination mesh, then all-gather inside it
-    bucket_bytes: int = 64 << 20  # small tensors are packed into buckets of at most this many bytes
-    seed: int = 0  # weights are a deterministic function of (seed, parameter, element)
-    probe_bytes: int = 0  # link probe message size; 0 = 1 GiB on GPU (the large-message ceiling), 4 MiB on CPU
-    warmup: int = 2
-    iters: int = 5
 
 
 def _placements(cfg: DictConfig) -> tuple[dict[str, int], range, dict[str, int], range]:

@@ -43,8 +43,7 @@ from omegaconf import DictConfig
 from sweepbench.benchmarks.base import Benchmark, BenchmarkResult
 from sweepbench.benchmarks.registry import register
 from sweepbench.benchmarks.reshard_suites import ResolvedCase, mesh_str, suite_cases
-from sweepbench.benchmarks.transfer import check_transfer_options, time_transfer, transfer_strategy
-from sweepbench.config.schema import BenchmarkConfig
+from sweepbench.benchmarks.transfer import TransferConfig, check_transfer_options, time_transfer, transfer_strategy
 from sweepbench.measure import summarize
 from sweepbench.measure.link import probe_links
 from sweepbench.parallel import Plan, make_plan
@@ -54,7 +53,9 @@ SUMMARY_KEYS = ("median_s", "effective_gbps", "fraction_of_link")
 
 
 @dataclass
-class ReshardConfig(BenchmarkConfig):
+class ReshardConfig(TransferConfig):
+    """Reshard's probe_bytes default (0): the size of the largest case tensor."""
+
     name: str = "reshard"
     suite: str = "one_to_m"  # one_to_m | n_to_m | custom (sweep: benchmark.suite=one_to_m,n_to_m)
     m: list[int] = field(default_factory=lambda: [1, 2, 4])  # one_to_m: destination mesh sizes; 1 + max(m) ranks
@@ -64,14 +65,6 @@ class ReshardConfig(BenchmarkConfig):
     overlap: bool = False  # destination mesh starts at rank 0, sharing ranks with the source mesh
     tensor_bytes: int = 4 << 20  # bytes of each case's tensor (at most; GPU: 1073741824)
     dtype: str = "float32"  # float32 | bfloat16 | float16
-    strategy: str = "send_recv"  # send_recv | broadcast | naive (backend=nvshmem uses the nvshmem transport)
-    balance: str = "size"  # which source replica sends: none | size | order
-    local_allgather: bool = False  # broadcast only: one copy per destination mesh, then all-gather inside it
-    bucket_bytes: int = 64 << 20  # routes are packed into buckets of at most this many bytes
-    seed: int = 0  # tensor values are a deterministic function of (seed, element)
-    probe_bytes: int = 0  # link probe message size; 0 = the size of the largest case tensor
-    warmup: int = 2
-    iters: int = 5
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,23 @@ import torch
 import torch.distributed as dist
 
 from sweepbench.benchmarks.base import RankContext, VerificationError
+from sweepbench.config.schema import BenchmarkConfig
 from sweepbench.measure import time_iterations
 from sweepbench.parallel import BALANCE, STRATEGIES, Layout, Plan, allocate_shards, build_shards, make_executor, plan_for, verify_shards
+
+@dataclass
+class TransferConfig(BenchmarkConfig):
+    """The options every transfer benchmark (refit, reshard) has."""
+
+    strategy: str = "send_recv"  # send_recv | broadcast | naive (backend=nvshmem uses the nvshmem transport)
+    balance: str = "size"  # which source replica sends: none (first holder) | size (least loaded) | order (round robin)
+    local_allgather: bool = False  # broadcast only: one copy per destination mesh, then all-gather inside it
+    bucket_bytes: int = 64 << 20  # small pieces are packed into buckets of at most this many bytes
+    seed: int = 0  # values are a deterministic function of (seed, parameter, element)
+    probe_bytes: int = 0  # link probe message size; 0 = the benchmark's default (see its module docstring)
+    warmup: int = 2
+    iters: int = 5
+
 
 # Strategy-specific executor options, and the transport a backend imposes.
 STRATEGY_OPTIONS: dict[str, Callable[[Any, torch.device], dict[str, Any]]] = {
