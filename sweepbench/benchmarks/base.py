@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
 from omegaconf import DictConfig
 
 from sweepbench.config.schema import BenchmarkConfig
+
+if TYPE_CHECKING:  # torch is imported only where a job runs (ranks), never on the driver's path
+    import torch
+    from matplotlib.figure import Figure
 
 
 class VerificationError(AssertionError):
@@ -23,7 +26,7 @@ class RankContext:
     rank: int
     world_size: int
     local_rank: int
-    device: torch.device
+    device: "torch.device"
     backend: str  # the backend actually used (never "auto")
     cfg: DictConfig  # the whole resolved job config
 
@@ -39,12 +42,47 @@ class BenchmarkResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Headline:
+    """One headline number of a benchmark: ``key`` in ``results.summary`` (and results.csv),
+    ``label`` as a person reads it, with its unit and the size it refers to (``busbw GB/s @1 MiB``)."""
+
+    key: str
+    label: str
+
+
+@dataclass(frozen=True)
+class Plot:
+    """A figure a benchmark contributes to the sweep report."""
+
+    title: str
+    figure: "Figure"
+    caption: str = ""
+
+
 class Benchmark(ABC):
-    """Subclass, decorate with ``@register("name")`` and add ``conf/benchmark/<name>.yaml``."""
+    """Subclass, decorate with ``@register("name")`` and add ``conf/benchmark/<name>.yaml``.
+
+    A plugin module imports torch and its engine inside ``run`` (and ``plots`` imports matplotlib
+    there): the registry imports every plugin on the driver's path, which must stay light."""
 
     schema: ClassVar[type[BenchmarkConfig]] = BenchmarkConfig
-    # benchmark fields shown in the readable part of the sweep tag (the hash covers all fields)
+    # benchmark fields shown in the readable part of the sweep tag (the hash covers all fields);
+    # they are also results.csv columns
     tag_keys: ClassVar[tuple[str, ...]] = ()
+    # config groups whose option names the tag shows (those that mean something to this benchmark)
+    tag_groups: ClassVar[tuple[str, ...]] = ("model", "parallelism", "backend", "mode")
+
+    @classmethod
+    def headline(cls, cfg: DictConfig) -> list[Headline]:
+        """The columns the summary table and the report show for a job of this config."""
+        return []
+
+    @classmethod
+    def plots(cls, jobs: list[dict[str, Any]]) -> list[Plot]:
+        """Figures for the report from this benchmark's jobs (each a job's metrics.json dict,
+        failed ones included). Called by the report engine; never on a rank."""
+        return []
 
     def __init__(self, ctx: RankContext) -> None:
         self.ctx = ctx
