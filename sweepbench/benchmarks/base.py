@@ -79,6 +79,12 @@ class Benchmark(ABC):
         return []
 
     @classmethod
+    def memory_bytes(cls, cfg: DictConfig, world_size: int) -> int:
+        """An estimate of the most memory one rank of this job needs (weights, buffers), in bytes,
+        checked against the host's or GPU's memory before any rank starts; 0 = no estimate."""
+        return 0
+
+    @classmethod
     def plots(cls, jobs: list[dict[str, Any]]) -> list[Plot]:
         """Figures for the report from this benchmark's jobs (each a job's metrics.json dict,
         failed ones included). Called by the report engine; never on a rank."""

@@ -82,6 +82,9 @@ class LaunchConfig:
     ranks_per_node: int = 0  # 0 = all ranks on one node (or gpus_per_node of them on SLURM)
     gpus_per_node: int = 0  # GPUs a SLURM job asks for per node, one per rank; 0 = none (CPU/gloo)
     master_addr: str = "127.0.0.1"
+    # the interpreter that runs the ranks (a venv's bin/python, to sweep software environments);
+    # "" = the driver's own. Part of the tag when set, since it changes what is measured.
+    python: str = ""
 
 
 @dataclass
