@@ -1,0 +1,211 @@
+"""Matplotlib helpers that benchmark plugins call from their ``plots()`` hook, and that the report
+engine uses for its own figures (per-iteration distributions, compare's ratio heatmap).
+
+Every helper returns a ``matplotlib.figure.Figure`` built without pyplot: no global figure state,
+no GUI backend, safe in a headless driver process and never kept alive by pyplot's registry.
+Figures are rendered to SVG by :func:`figure_svg` and inlined in the HTML report.
+
+Typical use in a plugin (import inside ``plots()``, never at module level)::
+
+    @classmethod
+    def plots(cls, jobs):
+        from sweepbench.report.plotting import line_plot, ok_cases
+        series = {}
+        for job, case in ok_cases(jobs):
+            series.setdefault(case["op"], []).append((case["size_bytes"], case["busbw_gbps"]))
+        return [Plot("busbw", line_plot(series, xlabel="message size", ylabel="busbw (GB/s)",
+                                        log2_x=True, bytes_x=True))]
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+from matplotlib.colors import Normalize, TwoSlopeNorm
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator
+
+Points = Sequence[tuple[float, float]]  # (x, y) pairs; sorted by x when drawn
+
+_BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def format_bytes(n: float) -> str:
+    """``1048576`` -> ``1 MiB``; powers of two stay exact, others get 3 significant digits."""
+    if n <= 0:
+        return f"{n:g} B"
+    exp = min(int(math.log(n, 1024)), len(_BYTE_UNITS) - 1)
+    return f"{n / 1024 ** exp:.3g} {_BYTE_UNITS[exp]}"
+
+
+def ok_jobs(jobs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The jobs whose results count (status ok); failed ones are listed by the report itself."""
+    return [j for j in jobs if j.get("status") == "ok" and j.get("results")]
+
+
+def ok_cases(jobs: Iterable[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """(job, case) for every measured case of every ok job."""
+    for job in ok_jobs(jobs):
+        for case in job["results"].get("cases", []):
+            yield job, case
+
+
+def config_value(job: dict[str, Any], dotted: str, default: Any = None) -> Any:
+    """A value of a job's resolved config by dotted key (``parallelism.name``)."""
+    node: Any = job.get("config", {})
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def new_figure(width: float = 6.4, height: float = 3.6) -> Figure:
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def _bytes_axis(axis: Any) -> None:
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: format_bytes(v)))
+
+
+def line_plot(
+    series: Mapping[str, Points], *, title: str = "", xlabel: str, ylabel: str,
+    log2_x: bool = False, bytes_x: bool = False, log_y: bool = False,
+    ceiling: float | Mapping[str, float] | None = None, ceiling_label: str = "link ceiling",
+    ideal: Points | None = None, ideal_label: str = "ideal",
+    width: float = 6.4, height: float = 3.6,
+) -> Figure:
+    """One line (with markers) per series. ``log2_x``: a base-2 log x axis (message sizes, GPU
+    counts); ``bytes_x``: x tick labels as sizes (KiB, MiB). ``ceiling``: a horizontal dotted
+    line (or one per label, e.g. each world size's measured link), drawn so that a measurement
+    can be read against its bound. ``ideal``: a dashed reference curve (linear scaling)."""
+    fig = new_figure(width, height)
+    ax = fig.add_subplot()
+    for label, points in series.items():
+        pts = sorted(points)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=label)
+    if ideal:
+        pts = sorted(ideal)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle="--", color="0.35", label=ideal_label)
+    ceilings = {ceiling_label: ceiling} if isinstance(ceiling, (int, float)) else dict(ceiling or {})
+    for i, (label, value) in enumerate(ceilings.items()):
+        if value is not None and math.isfinite(value) and value > 0:
+            ax.axhline(value, linestyle=":", linewidth=1.2, color=f"C{(i + 5) % 10}", label=label)
+    if log2_x:
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(LogLocator(base=2 ** (2 if bytes_x else 1)))
+    if bytes_x:
+        _bytes_axis(ax.xaxis)
+    if log_y:
+        ax.set_yscale("log")
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+    return fig
+
+
+def bar_plot(
+    values: Mapping[str, float], *, title: str = "", ylabel: str,
+    floor: Mapping[str, float] | None = None, floor_label: str = "link floor",
+    annotations: Mapping[str, str] | None = None, width: float = 6.4, height: float = 3.6,
+) -> Figure:
+    """One bar per label; ``floor`` marks each bar's bound (a short black line), ``annotations``
+    writes a note above a bar (e.g. ``0.42 of link``)."""
+    fig = new_figure(width, height)
+    ax = fig.add_subplot()
+    labels = list(values)
+    xs = range(len(labels))
+    ax.bar(xs, [values[k] for k in labels], color="C0", label=ylabel)
+    if floor:
+        marked = [i for i, k in enumerate(labels) if floor.get(k) is not None]
+        ax.hlines([floor[labels[i]] for i in marked], [i - 0.4 for i in marked], [i + 0.4 for i in marked],
+                  colors="black", linewidth=2, label=floor_label)
+    for i, k in enumerate(labels):
+        if annotations and k in annotations:
+            ax.annotate(annotations[k], (i, values[k]), ha="center", va="bottom", fontsize="x-small")
+    ax.set_xticks(list(xs), labels, rotation=30 if len(labels) > 3 else 0, ha="right" if len(labels) > 3 else "center",
+                  fontsize="small")
+    ax.set(title=title, ylabel=ylabel)
+    ax.grid(True, axis="y", alpha=0.3)
+    if floor:
+        ax.legend(fontsize="small")
+    return fig
+
+
+def heatmap(
+    values: Sequence[Sequence[float | None]], *, rows: Sequence[str], cols: Sequence[str], title: str = "",
+    xlabel: str = "", ylabel: str = "", cbar_label: str = "", center: float | None = None,
+    cmap: str | None = None, fmt: str = "{:.3g}", width: float | None = None, height: float | None = None,
+) -> Figure:
+    """A rows x cols grid of numbers (None/NaN = no measurement, left blank), each cell written
+    out. ``center``: a diverging scale centred on that value (compare's ratios: 1 = unchanged,
+    red = slower/above, blue = faster/below)."""
+    grid = [[math.nan if v is None else float(v) for v in row] for row in values]
+    finite = [v for row in grid for v in row if math.isfinite(v)]
+    fig = new_figure(width or max(4.0, 1.0 + 0.9 * len(cols)), height or max(2.5, 1.0 + 0.45 * len(rows)))
+    ax = fig.add_subplot()
+    if center is not None:
+        span = max([abs(v - center) for v in finite], default=0.0) or 0.05 * abs(center) or 1.0
+        norm: Normalize = TwoSlopeNorm(vcenter=center, vmin=center - span, vmax=center + span)
+        cmap = cmap or "RdBu_r"
+    else:
+        norm = Normalize(min(finite, default=0.0), max(finite, default=1.0))
+        cmap = cmap or "viridis"
+    image = ax.imshow(grid, cmap=cmap, norm=norm, aspect="auto")
+    for r, row in enumerate(grid):
+        for c, v in enumerate(row):
+            if math.isfinite(v):
+                dark = abs(norm(v) - 0.5) > 0.3 if center is not None else norm(v) < 0.5
+                ax.text(c, r, fmt.format(v), ha="center", va="center", fontsize="x-small",
+                        color="white" if dark else "black")
+    ax.set_xticks(range(len(cols)), list(cols), rotation=30 if len(cols) > 3 else 0,
+                  ha="right" if len(cols) > 3 else "center", fontsize="small")
+    ax.set_yticks(range(len(rows)), list(rows), fontsize="small")
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    fig.colorbar(image, ax=ax, label=cbar_label)
+    return fig
+
+
+def distribution_plot(
+    samples: Mapping[str, Sequence[float]], *, title: str = "", ylabel: str = "time per iteration (ms)",
+    scale: float = 1e3, width: float | None = None, height: float = 3.6,
+) -> Figure:
+    """A box plot per label with every sample drawn over it (a jittered strip), so the noise
+    and the outliers of per-iteration times are visible; ``scale`` converts seconds to ms."""
+    labels = [k for k, v in samples.items() if len(v)]
+    fig = new_figure(width or max(4.0, 1.0 + 0.7 * len(labels)), height)
+    ax = fig.add_subplot()
+    data = [[x * scale for x in samples[k]] for k in labels]
+    if data:
+        ax.boxplot(data, showfliers=False, widths=0.5)
+        for i, xs in enumerate(data, start=1):
+            # deterministic jitter: a report must not change between two renders of the same data
+            offsets = [((j * 0.618) % 1.0 - 0.5) * 0.3 for j in range(len(xs))]
+            ax.scatter([i + o for o in offsets], xs, s=6, alpha=0.6, color="C1", zorder=3)
+        ax.set_xticks(range(1, len(labels) + 1), labels, rotation=30 if len(labels) > 3 else 0,
+                      ha="right" if len(labels) > 3 else "center", fontsize="small")
+    ax.set(title=title, ylabel=ylabel)
+    ax.grid(True, axis="y", alpha=0.3)
+    return fig
+
+
+_ID = re.compile(r'\bid="([^"]+)"')
+
+
+def figure_svg(fig: Figure, *, prefix: str) -> str:
+    """The figure as an inline ``<svg>`` element. Every id is prefixed (and every reference to
+    it), so that several figures in one page never resolve each other's clip paths or markers."""
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", metadata={"Date": None})
+    svg = buf.getvalue()
+    svg = svg[svg.index("<svg"):]
+    for ident in set(_ID.findall(svg)):
+        new = f"{prefix}-{ident}"
+        svg = svg.replace(f'id="{ident}"', f'id="{new}"').replace(f"#{ident})", f"#{new})") \
+                 .replace(f'#{ident}"', f'#{new}"')
+    return svg
