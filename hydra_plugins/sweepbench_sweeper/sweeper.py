@@ -5,7 +5,7 @@ The work is in sweepbench.sweep.driver; this class only plugs it into Hydra."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Dict, Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra.plugins.sweeper import Sweeper
@@ -16,6 +16,9 @@ from omegaconf import DictConfig
 @dataclass
 class SweepbenchSweeperConf:
     _target_: str = "hydra_plugins.sweepbench_sweeper.sweeper.SweepbenchSweeper"
+    # Saved sweep lists, as Hydra's basic sweeper has them: ``{key: "a,b"}`` (a config file or an
+    # experiment sets ``hydra.sweeper.params``); an override of the same key on the CLI wins.
+    params: Optional[Dict[str, str]] = None
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="sweepbench", node=SweepbenchSweeperConf,
@@ -25,6 +28,10 @@ ConfigStore.instance().store(group="hydra/sweeper", name="sweepbench", node=Swee
 class SweepbenchSweeper(Sweeper):
     """A grid sweep like Hydra's basic sweeper, plus: every job validated before any starts, job
     directories named by sweep tag, jobs already done skipped, dry run, aggregated results."""
+
+    def __init__(self, params: Optional[Dict[str, str]] = None) -> None:
+        super().__init__()
+        self.params: dict[str, str] = dict(params or {})
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         from hydra.core.plugins import Plugins
@@ -38,7 +45,11 @@ class SweepbenchSweeper(Sweeper):
             hydra_context=hydra_context, task_function=task_function, config=config
         )
 
+    def saved_arguments(self) -> list[str]:
+        """``hydra.sweeper.params`` as overrides; placed before the CLI's, which win per key."""
+        return [f"{key}={value}" for key, value in self.params.items()]
+
     def sweep(self, arguments: list[str]) -> Any:
         from sweepbench.sweep.driver import run_sweep
 
-        return run_sweep(self, arguments)
+        return run_sweep(self, [*self.saved_arguments(), *arguments])

@@ -83,7 +83,7 @@ def run_sweep(sweeper: Any, arguments: list[str]) -> list[Any]:
     opts = sweeper.config.sweep
     sweep_dir = Path(sweeper.config.hydra.sweep.dir)
     if opts.dry_run:
-        print_plan(jobs, sweep_dir=sweep_dir)
+        print_plan(jobs, sweep_dir=sweep_dir, hydra_overrides=list(sweeper.config.hydra.overrides.hydra))
         describe = getattr(sweeper.launcher, "describe", None)  # e.g. the SLURM request of each job
         if callable(describe):
             describe([j.launch_overrides for j in jobs])

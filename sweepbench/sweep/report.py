@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -18,7 +19,16 @@ def _console() -> Console:
     return Console(width=200)
 
 
-def print_plan(jobs: Iterable[Any], *, sweep_dir: Path) -> None:
+def job_command(job: Any, *, sweep_dir: Path, hydra_overrides: Iterable[str] = ()) -> str:
+    """The command that runs this job alone, into the same sweep directory (a dry run's own
+    switch left out)."""
+    overrides = [o for o in job.overrides if not o.startswith("sweep.dry_run=")]
+    hydra = [o for o in hydra_overrides if not o.startswith(("hydra.sweep.dir=", "hydra.mode="))]
+    return shlex.join(["python", "-m", "sweepbench", *overrides, *hydra, f"hydra.sweep.dir={sweep_dir}"])
+
+
+def print_plan(jobs: Iterable[Any], *, sweep_dir: Path, hydra_overrides: Iterable[str] = ()) -> None:
+    jobs = list(jobs)
     table = Table(title=f"dry run: {sweep_dir} (no rank started)")
     for col in ("tag", "world_size", "benchmark", "model", "parallelism", "backend", "mode"):
         table.add_column(col)
@@ -29,7 +39,9 @@ def print_plan(jobs: Iterable[Any], *, sweep_dir: Path) -> None:
                       c.parallelism.name, c.backend.name, c.mode.name)
         n += 1
     _console().print(table)
-    print(f"{n} jobs")
+    print(f"{n} jobs; each alone:")
+    for job in jobs:
+        print(f"  {job_command(job, sweep_dir=sweep_dir, hydra_overrides=hydra_overrides)}")
 
 
 def _fmt(value: Any) -> str:
