@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from omegaconf import DictConfig
@@ -29,6 +30,7 @@ class RankContext:
     device: "torch.device"
     backend: str  # the backend actually used (never "auto")
     cfg: DictConfig  # the whole resolved job config
+    job_dir: Path | None = None  # the job's directory (for files a benchmark writes: traces, event files)
 
 
 @dataclass

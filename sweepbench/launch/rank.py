@@ -41,7 +41,7 @@ def rank_device(backend: str, local_rank: int) -> torch.device:
 
 def run_rank(
     cfg: DictConfig, *, rank: int, world_size: int, local_rank: int, ranks_per_node: int,
-    store: dist.Store | None = None,
+    store: dist.Store | None = None, job_dir: Path | None = None,
 ) -> dict[str, Any] | None:
     """Run the benchmark on this rank; rank 0 returns the job's payload, other ranks None.
 
@@ -60,7 +60,7 @@ def run_rank(
     # it first would close the peers' connections before this rank has reported its error, and a
     # peer's "connection closed" could then be reported as the job's failure instead of the cause.
     ctx = RankContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device,
-                      backend=backend, cfg=cfg)
+                      backend=backend, cfg=cfg, job_dir=job_dir)
     maybe_inject_fault(cfg, rank)
     reset_peaks(device)
     result = get_benchmark(cfg.benchmark.name)(ctx).run()
@@ -85,7 +85,7 @@ def spawned_rank_main(local_rank: int, cfg_container: dict, job_dir: str, master
                           timeout=timedelta(seconds=cfg.launch.timeout_s))
     try:
         payload = run_rank(cfg, rank=local_rank, world_size=world_size, local_rank=local_rank,
-                           ranks_per_node=world_size, store=store)
+                           ranks_per_node=world_size, store=store, job_dir=Path(job_dir))
     except Exception as err:
         note_rank_error(Path(job_dir), local_rank, err)
         raise

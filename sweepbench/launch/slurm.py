@@ -120,7 +120,7 @@ def run_slurm_tasks(cfg: DictConfig, *, world_size: int, job_dir: Path,
              layout.local_rank, layout.ranks_per_node, layout.master_addr, layout.master_port)
     try:
         payload = run_rank(cfg, rank=rank, world_size=world_size, local_rank=layout.local_rank,
-                           ranks_per_node=layout.ranks_per_node, store=None)
+                           ranks_per_node=layout.ranks_per_node, store=None, job_dir=job_dir)
     except Exception as err:
         note_rank_error(job_dir, rank, err)
         if rank != 0:
