@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install the Debian packages needed for the real one-node SLURM test cluster
 # started by tests/slurm/cluster.py (munge, MariaDB, slurmdbd, slurmctld,
-# slurmd and the client tools sbatch/squeue/sacct/scontrol/scancel/sacctmgr).
+# slurmd and the client tools sbatch/squeue/sacct/scontrol/scancel/sacctmgr), plus
+# iproute2 and util-linux (ip, nsenter, unshare) for the two-node cluster whose nodes are
+# network namespaces (tests/slurm/multinode.py).
 #
 # Idempotent: if everything is already installed it only checks and exits.
 # Meant for Debian 12 (bookworm, SLURM 22.05) as root, non-interactive (CI).
@@ -12,8 +14,9 @@ set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 export NEEDRESTART_MODE=a
 
-PKGS=(munge mariadb-server mariadb-client slurmctld slurmd slurmdbd slurm-client)
-BINS=(munged mariadbd mysql_install_db slurmctld slurmd slurmdbd sbatch squeue sacct scontrol scancel sacctmgr sinfo srun)
+PKGS=(munge mariadb-server mariadb-client slurmctld slurmd slurmdbd slurm-client iproute2 util-linux)
+BINS=(munged mariadbd mysql_install_db slurmctld slurmd slurmdbd sbatch squeue sacct scontrol scancel sacctmgr sinfo srun
+      ip nsenter unshare mount)
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then

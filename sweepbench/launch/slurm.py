@@ -2,7 +2,8 @@
 
 submitit started one task per rank (``srun``), so the job function spawns nothing here: this
 process joins the process group as its rank through the env:// rendezvous (MASTER_ADDR = the
-allocation's first node, MASTER_PORT derived from the job id), and only rank 0 records the job.
+address of the allocation's first node, MASTER_PORT derived from the job id), and only rank 0
+records the job.
 The other ranks return None, or re-raise what failed them so SLURM sees the task fail (and,
 with ``srun --kill-on-bad-exit``, ends the job: rank 0 may then die before it records, and the
 sweep driver records the job from SLURM's state and the ranks' stderr instead).
@@ -16,7 +17,10 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import shutil
+import socket
+import subprocess
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -61,6 +65,20 @@ def master_port(job_id: str, restart: int) -> int:
     return random.Random(f"{job_id}/{restart}").randint(MIN_PORT, MAX_PORT)
 
 
+def node_address(node: str) -> str:
+    """The address SLURM itself reaches ``node`` at (its NodeAddr, per ``scontrol show node``).
+
+    Rank 0's node is the rendezvous, and a node's name need not resolve where its ranks run
+    (nodes named apart from their hosts, no DNS entry for them); SLURM's own address for the
+    node always works. The name itself when scontrol cannot say."""
+    try:
+        out = subprocess.run(["scontrol", "show", "node", "-o", node], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return node
+    found = re.search(r"(?:^|\s)NodeAddr=(\S+)", out.stdout) if out.returncode == 0 else None
+    return found.group(1) if found else node
+
+
 def task_layout() -> TaskLayout:
     """This task's rank layout; exports MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK for env://.
 
@@ -72,6 +90,8 @@ def task_layout() -> TaskLayout:
     dist_env = TorchDistributedEnvironment()
     job_id = str(submitit.JobEnvironment().job_id)
     dist_env.master_port = master_port(job_id, restart_count())
+    if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":  # (submitit's local executor: this machine)
+        dist_env.master_addr = node_address(dist_env.master_addr)
     dist_env.export(set_cuda_visible_devices=False, overwrite=True)
     return TaskLayout(rank=dist_env.rank, world_size=dist_env.world_size, local_rank=dist_env.local_rank,
                       ranks_per_node=dist_env.local_world_size, job_id=job_id,
@@ -80,11 +100,13 @@ def task_layout() -> TaskLayout:
 
 def start_rank_log(job_dir: Path, rank: int) -> None:
     """Send this task's output to ``<job>/logs/rank<N>.log`` (as a local job does), appending:
-    an attempt's header line tells a rerun's output from the previous attempt's."""
+    an attempt's header line tells a rerun's output from the previous attempt's, and says on
+    which host this rank runs."""
     redirect_output(job_dir / "logs" / f"rank{rank}.log")
     job = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or "?"
     print(f"===== {datetime.now().isoformat(timespec='seconds')} rank {rank}: job {job}, "
-          f"start {restart_count() + 1} (SLURM_RESTART_COUNT={restart_count()}) =====", flush=True)
+          f"start {restart_count() + 1} (SLURM_RESTART_COUNT={restart_count()}) on {socket.gethostname()} =====",
+          flush=True)
 
 
 def start_attempt(job_dir: Path) -> None:

@@ -30,7 +30,7 @@ SLURM_PREFIXES = ("srun: error", "slurmstepd")
 SLURM_LINES = 4
 LINE_CHARS = 240
 READ_BYTES = 256 * 1024  # of a log's end
-_SRUN_TASK_DIED = re.compile(r"srun: error: \S+: (tasks? [\d,-]+: .+)$")
+_SRUN_TASK_DIED = re.compile(r"srun: error: (\S+): (tasks? [\d,-]+: .+)$")  # node, task(s) and how
 NOISE_PREFIXES = ("=====", "submitit ")  # attempt headers, submitit's own log lines
 NOISE_MARKS = ("][submitit][", "][INFO] - ", "][DEBUG] - ")  # log records below WARNING
 
@@ -215,11 +215,11 @@ def _useful_lines(path: Path) -> list[str]:
 
 
 def died_how(t: Tracked) -> str | None:
-    """srun's word on the first task that died, e.g. "task 1: Killed", if one did."""
+    """srun's word on the first task that died and its node, e.g. "node n2, task 3: Killed"."""
     for task in range(t.job.num_tasks):
         for line in _useful_lines(t.job.task(task).paths.stderr):
             if match := _SRUN_TASK_DIED.match(line):
-                return match.group(1)
+                return f"node {match.group(1)}, {match.group(2)}"
     return None
 
 

@@ -2,7 +2,9 @@
 
 ``slurm_cluster`` starts a one-node SLURM cluster on localhost once per test
 session and stops it at the end (set ``SWEEPBENCH_SLURM_KEEP=1`` to leave it
-running).  While the session runs, ``SLURM_CONF`` is set in ``os.environ`` so
+running). ``multinode_cluster`` adds the two-node cluster in network namespaces
+(multinode.py) on top of it, and removes it, its namespaces and bridge at the end, whatever
+happened (``SWEEPBENCH_SLURM_KEEP=1`` leaves it up too).  While the session runs, ``SLURM_CONF`` is set in ``os.environ`` so
 that any ``sbatch``/``squeue``/``sacct`` started from the tests -- by submitit,
 hydra-submitit-launcher or sweepbench itself -- talks to this cluster.
 
@@ -18,6 +20,11 @@ from typing import Dict, Iterator, Optional
 import pytest
 
 from .cluster import INSTALL_HINT, SlurmCluster, SlurmClusterError, missing_binaries
+from .multinode import MultiNodeCluster
+
+
+def _keep() -> bool:
+    return os.environ.get("SWEEPBENCH_SLURM_KEEP", "") not in ("", "0")
 
 
 @pytest.fixture(scope="session")
@@ -49,5 +56,22 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        if os.environ.get("SWEEPBENCH_SLURM_KEEP", "") in ("", "0"):
+        if not _keep():
+            cluster.stop(quiet=True)
+
+
+@pytest.fixture(scope="session")
+def multinode_cluster(slurm_cluster: SlurmCluster) -> Iterator[MultiNodeCluster]:
+    """Two slurmd nodes, each in its own network and UTS namespace; clients reach it through
+    ``cluster.env`` (its own SLURM_CONF), the session's SLURM_CONF stays the one-node cluster's."""
+    cluster = MultiNodeCluster(slurm_cluster)
+    try:
+        cluster.start()
+    except SlurmClusterError as exc:
+        cluster.stop(quiet=True)  # namespaces, bridge and daemons: nothing half-made stays
+        pytest.fail(f"could not start the two-node SLURM test cluster:\n{exc}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        if not _keep():
             cluster.stop(quiet=True)

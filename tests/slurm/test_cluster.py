@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .cluster import FINAL_STATES, SlurmCluster
+from .cluster import FINAL_STATES, SlurmCluster, _port_open
 
 
 def _read(path: Path) -> str:
@@ -156,3 +156,15 @@ def test_time_limit_kills_job_with_timeout(slurm_cluster: SlurmCluster, _time_li
     assert state == "TIMEOUT", _read(out)
     assert state in FINAL_STATES
     assert "started" in _read(out)
+
+
+@pytest.mark.timeout(30, func_only=True)
+def test_daemons_listen_on_the_picked_ports(slurm_cluster: SlurmCluster) -> None:
+    """No fixed port (SLURM's 6817-6819): the configs name the ports picked free at start."""
+    ports = slurm_cluster.ports
+    assert len(set(ports.values())) == 4
+    slurm_conf = slurm_cluster.slurm_conf.read_text()
+    assert f"SlurmctldPort={ports['slurmctld']}\n" in slurm_conf and f"SlurmdPort={ports['slurmd']}\n" in slurm_conf
+    assert f"DbdPort={ports['slurmdbd']}\n" in slurm_cluster.slurmdbd_conf.read_text()
+    assert f"port={ports['mysql']}\n" in slurm_cluster.my_cnf.read_text()
+    assert all(_port_open(port) for port in ports.values()), ports
