@@ -1,0 +1,149 @@
+"""Training throughput of a parallel layout: tokens/s (global and per GPU), MFU, step times,
+loss and memory per rank, after the layout is shown to train the same model as one device.
+
+The engine is ``sweepbench/train/`` (model, layouts, verification, measurement); this plugin reads
+the config, calls it, and turns its report into the job's result. MFU is torchtitan's:
+FLOPs/token = 6(N - N_emb) + 6·L·H·2·d_head·S, times tokens/s per GPU, over the GPU's bf16 dense
+peak (on a CPU, over the matmul ceiling the job measures, since no CPU peak is tabled)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig
+
+from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, Plot
+from sweepbench.benchmarks.registry import register
+from sweepbench.config.schema import BenchmarkConfig
+
+GIB = float(1 << 30)
+
+
+@dataclass
+class TrainConfig(BenchmarkConfig):
+    name: str = "train"
+    seq_len: int = 2048  # tokens per sequence (train.yaml: ${model.seq_len})
+    micro_batch: int = 1  # sequences per forward on each dp rank
+    global_batch: int = 0  # sequences per optimizer step; 0 = micro_batch * dp (* pp with a pipeline)
+    ac: str = "none"  # activation checkpointing: none | selective | full
+    compile: bool = False  # torch.compile each block
+    fused_adamw: bool = True
+    lr: float = 1e-3
+    precision: str = "auto"  # fp32 | bf16 (bf16 weights) | mixed (fp32 master + bf16 compute) | auto
+    dp_shard: str = "fsdp"  # how dp (and cp) ranks hold the weights: fsdp (FSDP2) | ddp
+    pp_schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b
+    cp_impl: str = "ring"  # the attention engine's context-parallel kernel
+    lora_rank: int = 0  # 0 = full fine-tune; r > 0 = LoRA on wq/wk/wv/wo, base frozen
+    lora_alpha: float = 16.0
+    seed: int = 0
+    verify_steps: int = 2  # first steps whose loss must match the single-device reference
+    verify_layers: int = 0  # 0 = full depth where the reference fits one device, else 2
+    profile: bool = False  # torch.profiler traces + TensorBoard scalars under the job dir
+    profile_skip: int = 1
+    profile_warmup: int = 1
+    profile_active: int = 2
+    memory_snapshot: bool = False  # CUDA allocator history of the profiled steps (profile=true)
+
+
+def _gib(x: Any) -> float | None:
+    return None if x is None else x / GIB
+
+
+def _max(per_rank: list[dict[str, Any]], key: str) -> Any:
+    values = [m[key] for m in per_rank if m.get(key) is not None]
+    return max(values) if values else None
+
+
+@register("train")
+class TrainBenchmark(Benchmark):
+    schema = TrainConfig
+    tag_keys = ("seq_len", "ac", "compile", "precision", "dp_shard", "lora_rank")
+    tag_groups = ("model", "parallelism", "backend")
+
+    @classmethod
+    def validate(cls, cfg: DictConfig) -> None:
+        from sweepbench.train.plan import check_plan
+
+        check_plan(cfg)
+
+    @classmethod
+    def world_size(cls, cfg: DictConfig) -> int:
+        p = cfg.parallelism
+        return p.tp * p.pp * p.cp * p.dp
+
+    @classmethod
+    def memory_bytes(cls, cfg: DictConfig, world_size: int) -> int:
+        """Sharded weights, gradients and optimizer states (activations not counted)."""
+        from sweepbench.train.plan import build_plan
+        from sweepbench.train.shape import Shape, bytes_per_param
+
+        plan, shape = build_plan(cfg), Shape.of(cfg.model)
+        per_param = bytes_per_param(plan.precision, trainable=cfg.benchmark.lora_rank == 0)
+        return shape.num_params() * per_param // world_size
+
+    @classmethod
+    def headline(cls, cfg: DictConfig) -> list[Headline]:
+        b = cfg.benchmark
+        at = f"@seq {b.seq_len}"
+        return [Headline("tokens_per_s_per_gpu", f"tokens/s per GPU {at}"),
+                Headline("mfu_pct", f"MFU % {at}"),
+                Headline("step_median_s", "step median s"),
+                Headline("mem_torch_peak_reserved_gib", "peak reserved GiB (torch)"),
+                Headline("mem_nvml_peak_gib", "peak used GiB (NVML)")]
+
+    def run(self) -> BenchmarkResult:
+        import torch.distributed as dist
+
+        from sweepbench.train.run import run_training
+
+        ctx = self.ctx
+        r = run_training(ctx.cfg, rank=ctx.rank, device=ctx.device, job_dir=ctx.job_dir)
+        per_rank: list[Any] = [None] * ctx.world_size
+        dist.all_gather_object(per_rank, r["memory"])
+        stats, plan = r["stats"], r["plan"]
+        on_peak = r["peak_flops"] is not None
+        mfu = r["achieved_flops"] / (r["peak_flops"] if on_peak else r["ceiling_flops"])
+        summary = {
+            "tokens_per_s": r["tokens_per_s"], "tokens_per_s_per_gpu": r["tokens_per_s"] / ctx.world_size,
+            "mfu_pct": 100 * mfu, "fraction_of_ceiling": r["achieved_flops"] / r["ceiling_flops"],
+            "achieved_tflops_per_gpu": r["achieved_flops"] / 1e12, "ceiling_tflops": r["ceiling_flops"] / 1e12,
+            "peak_tflops": r["peak_flops"] / 1e12 if on_peak else None,
+            "step_median_s": stats["median_s"], "step_iqr_s": stats["iqr_s"],
+            "step_min_s": stats["min_s"], "step_max_s": stats["max_s"],
+            "loss_first": r["first_loss"], "loss_last": r["last_loss"],
+            "mem_torch_peak_active_gib": _gib(_max(per_rank, "peak_active_bytes")),
+            "mem_torch_peak_allocated_gib": _gib(_max(per_rank, "peak_allocated_bytes")),
+            "mem_torch_peak_reserved_gib": _gib(_max(per_rank, "peak_reserved_bytes")),
+            "mem_nvml_peak_gib": _gib(_max(per_rank, "nvml_peak_bytes")),
+            "mem_alloc_retries": _max(per_rank, "alloc_retries"), "mem_ooms": _max(per_rank, "ooms"),
+            "mem_host_peak_rss_gib": _gib(_max(per_rank, "host_peak_rss_bytes")),
+        }
+        case = {"layout": ctx.cfg.parallelism.name, "times_s": r["times_s"], **stats,
+                "warmup": self.cfg.warmup, "iters": self.cfg.iters, "loss_per_step": r["losses"],
+                "tokens_per_step": plan.tokens_per_step, "global_batch": plan.global_batch,
+                "micro_batch": plan.micro_batch, "grad_accum": plan.num_micro, "seq_len": plan.seq_len,
+                "precision": plan.precision, "tokens_per_s": r["tokens_per_s"], "mfu_pct": 100 * mfu}
+        basis = (f"bf16 dense peak of {r['device_name']} ({r['peak_flops'] / 1e12:.0f} TFLOP/s, table)" if on_peak
+                 else f"no peak is tabled for {r['device_name']}: MFU is taken against the matmul ceiling "
+                      f"measured in this job ({r['ceiling_flops'] / 1e12:.3g} TFLOP/s)")
+        extra = {
+            "precision": plan.precision, "mfu_basis": basis, "flops_per_token": r["flops_per_token"],
+            "mfu_formula": "6*(N - N_embedding) + 6*L*H*2*d_head*S FLOPs/token (LoRA: frozen weights 4)",
+            "num_params": r["shape"].num_params(lora_rank=self.cfg.lora_rank), "num_trainable": r["num_trainable"],
+            "verification": {
+                "steps": len(r["reference_losses"]), "reference_losses": r["reference_losses"],
+                "layout_losses": r["verified_losses"], "max_rel_err": r["verify_max_rel_err"],
+                "layers": r["verify_layers"], "reduced_depth": r["verify_layers"] != r["shape"].num_layers,
+                "note": ("the full model does not fit one device: the layout was verified at reduced depth "
+                         f"({r['verify_layers']} layers, same widths) against its single-device reference"
+                         if r["verify_layers"] != r["shape"].num_layers else
+                         "verified at full depth against the single-device reference"),
+                "loss_first": r["first_loss"], "loss_last": r["last_loss"]},
+            "memory_per_rank": per_rank, "files": r["files"], "context_parallel": r["cp"],
+        }
+        return BenchmarkResult(cases=[case], summary=summary, verified=True, extra=extra)
+
+    @classmethod
+    def plots(cls, jobs: list[dict[str, Any]]) -> list[Plot]:
+        return []

@@ -1,0 +1,102 @@
+"""Memory of a training rank, measured two ways, as fms-acceleration's benchmark does.
+
+torch's allocator: peak active / allocated / reserved bytes, allocator retries (cudaMalloc retried
+after freeing its cache) and OOMs. NVML: the device's used memory, sampled by a thread every few
+milliseconds while the steps run; reported as the peak minus the level the job started at (what
+the job itself added: CUDA context, NCCL buffers and allocator cache included). On a CPU neither
+exists: both are None, and the host's peak RSS is reported instead."""
+
+from __future__ import annotations
+
+import resource
+import threading
+from typing import Any
+
+import torch
+
+GIB = float(1 << 30)
+
+
+def _nvml_handle(device: torch.device) -> Any | None:
+    if device.type != "cuda":
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        # the rank's GPU index (ranks see every GPU of the node; one GPU per local rank)
+        return pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+    except Exception:  # NVML missing or unusable: the NVML columns are simply None
+        return None
+
+
+class NvmlSampler:
+    """``start()`` records the starting level; while running, samples used memory every
+    ``period_s``; ``peak_above_start()`` is the peak minus the starting level (bytes or None)."""
+
+    def __init__(self, device: torch.device, *, period_s: float = 0.005) -> None:
+        self.handle = _nvml_handle(device)
+        self.period_s = period_s
+        self.start_level: int | None = self._used()
+        self.peak: int | None = self.start_level
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _used(self) -> int | None:
+        if self.handle is None:
+            return None
+        import pynvml
+
+        return int(pynvml.nvmlDeviceGetMemoryInfo(self.handle).used)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period_s):
+            used = self._used()
+            if used is not None and (self.peak is None or used > self.peak):
+                self.peak = used
+
+    def resume(self) -> None:
+        if self.handle is not None and self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, daemon=True)
+            self._thread.start()
+
+    def pause(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+    def peak_above_start(self) -> int | None:
+        if self.peak is None or self.start_level is None:
+            return None
+        return self.peak - self.start_level
+
+
+def reset_torch_peaks(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def torch_memory(device: torch.device) -> dict[str, int | None]:
+    """Allocator peaks since the last reset, retries and OOMs (None on a CPU)."""
+    if device.type != "cuda":
+        return dict.fromkeys(("peak_active_bytes", "peak_allocated_bytes", "peak_reserved_bytes",
+                              "alloc_retries", "ooms"))
+    s = torch.cuda.memory_stats(device)
+    return {"peak_active_bytes": s.get("active_bytes.all.peak", 0),
+            "peak_allocated_bytes": s.get("allocated_bytes.all.peak", 0),
+            "peak_reserved_bytes": s.get("reserved_bytes.all.peak", 0),
+            "alloc_retries": s.get("num_alloc_retries", 0), "ooms": s.get("num_ooms", 0)}
+
+
+def current_bytes(device: torch.device) -> int:
+    """What this rank holds now: torch's allocated bytes on a GPU, the process's RSS on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def host_peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -1,0 +1,165 @@
+"""A Llama-3-style decoder on plain torch: RMSNorm, RoPE, GQA attention through SDPA, SwiGLU.
+
+Layers live in a ``ModuleDict`` keyed by their index in the full model, so a pipeline stage that
+keeps layers 8..15 still names them ``layers.8`` ..: parameter names are the same in every
+layout, which is what makes the initialisation (seeded by name) identical in every layout.
+Built on the meta device; :func:`init_weights` materialises it (see ``init.py``)."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sweepbench.train.shape import Shape
+
+ROPE_THETA = 500000.0  # Llama 3's
+# attention kernel: (q, k, v) with heads on dim 1 and the sequence on dim 2 -> output, causal
+AttnFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+
+
+class LoRALinear(nn.Module):
+    """A frozen base weight plus a trainable low-rank update: y = x W^T + (alpha/r) x A^T B^T.
+    B starts at zero (the adapted model starts as the base model), A small and random."""
+
+    def __init__(self, in_features: int, out_features: int, *, rank: int, alpha: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.lora_a = nn.Parameter(torch.empty(rank, in_features))
+        self.lora_b = nn.Parameter(torch.empty(out_features, rank))
+        self.scale = alpha / rank
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight) + F.linear(F.linear(x, self.lora_a), self.lora_b) * self.scale
+
+
+def _linear(d_in: int, d_out: int, lora_rank: int, lora_alpha: float) -> nn.Module:
+    if lora_rank:
+        return LoRALinear(d_in, d_out, rank=lora_rank, alpha=lora_alpha)
+    return nn.Linear(d_in, d_out, bias=False)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[2i], x[2i+1]) of each head by the position's angles; x: [B, S, H, D],
+    cos/sin: [S, D/2] for the positions x holds."""
+    x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2).type_as(x)
+
+
+def rope_tables(head_dim: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / ROPE_THETA ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
+    angles = positions.float()[:, None] * inv[None, :]
+    return angles.cos(), angles.sin()
+
+
+class Attention(nn.Module):
+    def __init__(self, shape: Shape, *, lora_rank: int, lora_alpha: float) -> None:
+        super().__init__()
+        d, hd = shape.hidden_size, shape.head_dim
+        self.head_dim = hd
+        self.wq = _linear(d, shape.num_heads * hd, lora_rank, lora_alpha)
+        self.wk = _linear(d, shape.kv_dim, lora_rank, lora_alpha)
+        self.wv = _linear(d, shape.kv_dim, lora_rank, lora_alpha)
+        self.wo = _linear(shape.num_heads * hd, d, lora_rank, lora_alpha)
+        self.attn_fn: AttnFn = sdpa_attention  # context parallel swaps in the ring kernel
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        bsz, seq, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds whole heads, fewer of them
+        q = self.wq(x).view(bsz, seq, -1, self.head_dim)
+        k = self.wk(x).view(bsz, seq, -1, self.head_dim)
+        v = self.wv(x).view(bsz, seq, -1, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = self.attn_fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, shape: Shape) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(shape.hidden_size, shape.ffn_hidden_size, bias=False)
+        self.w2 = nn.Linear(shape.ffn_hidden_size, shape.hidden_size, bias=False)
+        self.w3 = nn.Linear(shape.hidden_size, shape.ffn_hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, shape: Shape, *, lora_rank: int, lora_alpha: float) -> None:
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(shape.hidden_size, eps=1e-5)
+        self.attention = Attention(shape, lora_rank=lora_rank, lora_alpha=lora_alpha)
+        self.ffn_norm = nn.RMSNorm(shape.hidden_size, eps=1e-5)
+        self.feed_forward = FeedForward(shape)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    """The whole decoder, or one pipeline stage of it (``tok_embeddings`` only on the first stage,
+    ``norm``/``output`` only on the last). Input: token ids on the first stage, hidden states on
+    the others; output: logits on the last stage, hidden states on the others."""
+
+    def __init__(self, shape: Shape, *, lora_rank: int = 0, lora_alpha: float = 16.0) -> None:
+        super().__init__()
+        self.shape = shape
+        self.tok_embeddings: nn.Module | None = nn.Embedding(shape.vocab_size, shape.hidden_size)
+        self.layers = nn.ModuleDict({str(i): Block(shape, lora_rank=lora_rank, lora_alpha=lora_alpha)
+                                     for i in range(shape.num_layers)})
+        self.norm: nn.Module | None = nn.RMSNorm(shape.hidden_size, eps=1e-5)
+        self.output: nn.Module | None = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
+        # the positions this rank's tokens hold (context parallel: its shards of the sequence)
+        self.positions: torch.Tensor | None = None
+
+    def keep_stage(self, layer_ids: range, *, first: bool, last: bool) -> "Transformer":
+        """Drop what a pipeline stage does not hold (in place)."""
+        for key in list(self.layers):
+            if int(key) not in layer_ids:
+                del self.layers[key]
+        if not first:
+            self.tok_embeddings = None
+        if not last:
+            self.norm = self.output = None
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        seq = x.shape[1]
+        pos = self.positions if self.positions is not None else torch.arange(seq, device=h.device)
+        cos, sin = rope_tables(self.shape.head_dim, pos)
+        for layer in self.layers.values():
+            h = layer(h, cos, sin)
+        if self.norm is not None:
+            h = self.norm(h)
+        return self.output(h) if self.output is not None else h
+
+
+def init_std(name: str, shape: Shape) -> float | None:
+    """torchtitan's initialisation: std 1 for the embedding, d^-0.5 for the output, 0.02 for the
+    other weights with the output projections of each block scaled by depth; None: ones (norms),
+    0.0: zeros (LoRA's B)."""
+    if "norm" in name:
+        return None
+    if name.endswith("lora_b"):
+        return 0.0
+    if name.startswith("tok_embeddings"):
+        return 1.0
+    if name.startswith("output"):
+        return shape.hidden_size ** -0.5
+    if ".wo." in name or ".w2." in name or ".w3." in name:
+        layer = int(name.split(".")[1])
+        return 0.02 / math.sqrt(2 * (layer + 1))
+    return 0.02

@@ -1,0 +1,136 @@
+"""A training job on one rank: measure the ceiling, verify the layout, time the steps, report.
+
+    ceiling -> reference vs layout (first steps) -> warm-up -> timed steps -> learning check
+            -> memory, MFU -> (profile window) -> TensorBoard scalars
+
+Every rank runs this with the same config; the returned dict is rank 0's report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sweepbench.measure import summarize, time_iterations
+from sweepbench.train.context import ContextParallel, build_context_parallel
+from sweepbench.train.data import SyntheticTask
+from sweepbench.train.flops import bf16_peak, matmul_ceiling
+from sweepbench.train.memory import GIB, NvmlSampler, current_bytes, host_peak_rss, reset_torch_peaks, torch_memory
+from sweepbench.train.plan import TrainPlan, build_plan
+from sweepbench.train.profile import profile_window, write_scalars
+from sweepbench.train.shape import Shape, flops_per_token
+from sweepbench.train.trainer import DTYPES, TrainOptions, Trainer, build_mesh
+from sweepbench.train.verify import (check_learning, check_losses, free_memory, global_losses, run_reference,
+                                     verify_depth)
+from sweepbench.benchmarks.base import VerificationError
+
+
+def options_of(b: Any) -> TrainOptions:
+    return TrainOptions(ac=str(b.ac), compile=bool(b.compile), fused_adamw=bool(b.fused_adamw), lr=float(b.lr),
+                        lora_rank=int(b.lora_rank), lora_alpha=float(b.lora_alpha), dp_shard=str(b.dp_shard),
+                        pp_schedule=str(b.pp_schedule), cp_impl=str(b.cp_impl), seed=int(b.seed))
+
+
+class Batches:
+    """This rank's (inputs, targets) of each step, made before any timing, on the device."""
+
+    def __init__(self, task: SyntheticTask, plan: TrainPlan, *, dp_rank: int, cp: ContextParallel | None,
+                 device: torch.device) -> None:
+        self.task, self.plan, self.dp_rank, self.cp, self.device = task, plan, dp_rank, cp, device
+        self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def full(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole global batch (the single-device reference's input)."""
+        x, y = self.task.batch(step)
+        return x.to(self.device), y.to(self.device)
+
+    def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if step not in self._cache:
+            x, y = self.task.batch(step)
+            rows = slice(self.dp_rank * self.plan.local_batch, (self.dp_rank + 1) * self.plan.local_batch)
+            x, y = x[rows], y[rows]
+            if self.cp is not None:
+                x, y = self.cp.shard(x), self.cp.shard(y)
+            self._cache[step] = (x.to(self.device), y.to(self.device))
+        return self._cache[step]
+
+
+def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | None) -> dict[str, Any]:
+    b = cfg.benchmark
+    plan, opts = build_plan(cfg), options_of(b)
+    shape = Shape.of(cfg.model)
+    nvml = NvmlSampler(device)  # the starting level, before the job allocates anything
+    ceiling = matmul_ceiling(device, DTYPES[plan.precision])
+    mesh = build_mesh(plan, device)
+    cp = build_context_parallel(plan, mesh, opts, device=device)
+    dp_rank = mesh["dp"].get_local_rank()
+    task = SyntheticTask(vocab_size=shape.vocab_size, seq_len=plan.seq_len, global_batch=plan.global_batch,
+                         seed=opts.seed)
+    batches = Batches(task, plan, dp_rank=dp_rank, cp=cp, device=device)
+    layout_kw = dict(device=device, mesh=mesh, positions=cp.positions if cp else None,
+                     attn_fn=cp.attn_fn if cp else None)
+
+    # verified before any time counts
+    depth = verify_depth(shape, plan, device=device, lora_rank=opts.lora_rank, forced=int(b.verify_layers))
+    vshape = Shape.of(cfg.model, num_layers=depth)
+    single = TrainPlan(tp=1, pp=1, dp=1, cp=1, seq_len=plan.seq_len, micro_batch=plan.micro_batch,
+                       global_batch=plan.global_batch, precision=plan.precision, stages_per_rank=1)
+    reference = run_reference(lambda: Trainer(vshape, single, opts, device=device), batches.full, int(b.verify_steps))
+    trainer = Trainer(vshape, plan, opts, **layout_kw)
+    verified = global_losses([trainer.step(*batches(s)) for s in range(int(b.verify_steps))],
+                             holds_loss=trainer.holds_loss)
+    worst = check_losses(reference, verified, precision=plan.precision)
+    losses, step_no = list(verified), int(b.verify_steps)
+    if depth != shape.num_layers:  # verified at reduced depth: now the full model, from step 0
+        del trainer
+        free_memory()
+        trainer = Trainer(shape, plan, opts, **layout_kw)
+        losses, step_no = [], 0
+
+    # timed
+    local: list[torch.Tensor] = []
+    mem_per_step: list[float] = []
+    counter = iter(range(step_no, 10 ** 9))
+
+    def step() -> None:
+        local.append(trainer.step(*batches(next(counter))))
+
+    for s in range(step_no, step_no + int(b.warmup) + int(b.iters)):
+        batches(s)  # made before timing
+    reset_torch_peaks(device)
+    nvml.resume()
+    times = time_iterations(step, warmup=int(b.warmup), iters=int(b.iters), device=device,
+                            after=lambda: mem_per_step.append(current_bytes(device) / GIB))
+    nvml.pause()
+    losses += global_losses(local, holds_loss=trainer.holds_loss)
+    first_loss, last_loss = check_learning(losses)
+    stats = summarize(times)
+    memory = {**torch_memory(device), "nvml_peak_bytes": nvml.peak_above_start(),
+              "nvml_start_bytes": nvml.start_level, "host_peak_rss_bytes": host_peak_rss()}
+
+    # derived rates
+    tokens_per_s = plan.tokens_per_step / stats["median_s"]
+    fpt = flops_per_token(shape, plan.seq_len, lora_rank=opts.lora_rank)
+    achieved = tokens_per_s * fpt / plan.world_size  # model FLOP/s per device
+    peak, device_name = bf16_peak(device)
+    if achieved > ceiling:
+        raise VerificationError(f"model FLOP/s per device {achieved:.3e} exceed the matmul ceiling {ceiling:.3e} "
+                                f"measured in this job: the FLOP count or the timing is wrong")
+    out = job_dir or Path.cwd()
+    files: dict[str, Any] = {}
+    if b.profile:
+        files = profile_window(step, out_dir=out, rank=rank, skip=int(b.profile_skip), warmup=int(b.profile_warmup),
+                               active=int(b.profile_active), device=device, memory_snapshot=bool(b.memory_snapshot))
+        files["tensorboard"] = write_scalars(out, rank=rank, series={
+            "loss": (0, losses), "memory_gib": (step_no, mem_per_step),
+            "step_time_s": (step_no + int(b.warmup), times),
+            "tokens_per_s": (step_no + int(b.warmup), [plan.tokens_per_step / t for t in times])})
+    return {
+        "plan": plan, "shape": shape, "times_s": times, "stats": stats, "losses": losses,
+        "reference_losses": reference, "verified_losses": verified, "verify_layers": depth,
+        "verify_max_rel_err": worst, "first_loss": first_loss, "last_loss": last_loss,
+        "tokens_per_s": tokens_per_s, "flops_per_token": fpt, "achieved_flops": achieved,
+        "ceiling_flops": ceiling, "peak_flops": peak, "device_name": device_name, "memory": memory,
+        "num_trainable": trainer.num_trainable, "files": files, "cp": cp.describe() if cp else None,
+    }

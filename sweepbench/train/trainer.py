@@ -1,0 +1,168 @@
+"""One rank's part of a training layout: its model pieces, optimizer and step.
+
+The mesh is (pp, dp, cp, tp), tp innermost. Each pipeline stage is built on the meta device and
+laid out in torchtitan's order (TP, AC, compile, init, FSDP/DDP over dp x cp). Without a mesh
+the same class is the single-device reference the layouts are verified against."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from sweepbench.train.init import init_weights
+from sweepbench.train.model import Transformer
+from sweepbench.train.parallelize import apply_ac, apply_compile, apply_ddp, apply_fsdp, apply_tp
+from sweepbench.train.plan import TrainPlan
+from sweepbench.train.shape import Shape
+
+DTYPES = {"fp32": torch.float32, "mixed": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """Recipe knobs (see conf/benchmark/train.yaml)."""
+
+    ac: str = "none"
+    compile: bool = False
+    fused_adamw: bool = True
+    lr: float = 1e-3
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    dp_shard: str = "fsdp"
+    pp_schedule: str = "1f1b"
+    cp_impl: str = "ring"
+    seed: int = 0
+
+
+def build_mesh(plan: TrainPlan, device: torch.device) -> DeviceMesh:
+    return init_device_mesh(device.type, (plan.pp, plan.dp, plan.cp, plan.tp),
+                            mesh_dim_names=("pp", "dp", "cp", "tp"))
+
+
+def data_mesh(mesh: DeviceMesh, plan: TrainPlan) -> DeviceMesh:
+    """The ranks that hold the same weights and must average gradients: dp x cp."""
+    if plan.cp == 1:
+        return mesh["dp"]
+    if plan.dp == 1:
+        return mesh["cp"]
+    return mesh["dp", "cp"]._flatten("dp_cp")
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+class Trainer:
+    """Build with ``mesh=None`` for the single-device reference. ``step(inputs, targets)`` takes
+    this rank's rows (and sequence shard) of a global batch and returns its loss (a 0-dim
+    tensor; meaningful where :attr:`holds_loss`)."""
+
+    def __init__(self, shape: Shape, plan: TrainPlan, opts: TrainOptions, *, device: torch.device,
+                 mesh: DeviceMesh | None = None, positions: torch.Tensor | None = None,
+                 attn_fn: Callable | None = None) -> None:
+        self.shape, self.plan, self.opts, self.device, self.mesh = shape, plan, opts, device, mesh
+        self.dtype = DTYPES[plan.precision]
+        self.sharded = mesh is not None and plan.dp * plan.cp > 1 and opts.dp_shard == "fsdp"
+        pp_rank = mesh["pp"].get_local_rank() if mesh is not None and plan.pp > 1 else 0
+        stage_ids = [pp_rank + k * plan.pp for k in range(plan.stages_per_rank)]
+        per_stage = shape.num_layers // plan.num_stages
+        self.parts: list[nn.Module] = []
+        self.first = self.last = False
+        for sid in stage_ids:
+            first, last = sid == 0, sid == plan.num_stages - 1
+            self.first, self.last = self.first or first, self.last or last
+            self.parts.append(self._build_part(range(sid * per_stage, (sid + 1) * per_stage), first=first,
+                                               last=last, positions=positions, attn_fn=attn_fn))
+        params = [p for part in self.parts for p in part.parameters() if p.requires_grad]
+        self.num_trainable = sum(p.numel() for p in params)
+        self.optimizer = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.95), weight_decay=0.1,
+                                           fused=opts.fused_adamw)
+        self.schedule = self._build_schedule(stage_ids) if plan.pp > 1 else None
+
+    @property
+    def holds_loss(self) -> bool:
+        return self.last
+
+    def _build_part(self, layer_ids: range, *, first: bool, last: bool, positions: torch.Tensor | None,
+                    attn_fn: Callable | None) -> nn.Module:
+        with torch.device("meta"):
+            model = Transformer(self.shape, lora_rank=self.opts.lora_rank, lora_alpha=self.opts.lora_alpha)
+        model.keep_stage(layer_ids, first=first, last=last)
+        if attn_fn is not None:
+            for block in model.layers.values():
+                block.attention.attn_fn = attn_fn
+        if self.mesh is not None and self.plan.tp > 1:
+            apply_tp(model, self.mesh["tp"])
+        apply_ac(model, self.opts.ac)
+        if self.opts.compile:
+            apply_compile(model)
+        init_weights(model, seed=self.opts.seed, device=self.device, dtype=self.dtype)
+        model.positions = (positions if positions is not None
+                           else torch.arange(self.plan.seq_len, device=self.device))
+        if self.mesh is None or self.plan.dp * self.plan.cp == 1:
+            return model
+        dmesh = data_mesh(self.mesh, self.plan)
+        if self.sharded:
+            apply_fsdp(model, dmesh, precision=self.plan.precision, reshard_after_forward=self.plan.pp == 1)
+            return model
+        return apply_ddp(model, dmesh, self.device)
+
+    def _build_schedule(self, stage_ids: list[int]):
+        from torch.distributed.pipelining import PipelineStage, schedules
+
+        stages = [PipelineStage(part, sid, self.plan.num_stages, self.device, group=self.mesh["pp"].get_group())
+                  for part, sid in zip(self.parts, stage_ids)]
+        kind = {"gpipe": schedules.ScheduleGPipe, "1f1b": schedules.Schedule1F1B,
+                "interleaved_1f1b": schedules.ScheduleInterleaved1F1B}[self.opts.pp_schedule]
+        arg = stages if self.plan.stages_per_rank > 1 else stages[0]
+        return kind(arg, n_microbatches=self.plan.num_micro, loss_fn=cross_entropy, scale_grads=True)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        # bf16 compute over fp32 master weights: FSDP's mixed-precision policy casts where the
+        # model is sharded, autocast elsewhere
+        if self.plan.precision == "mixed" and not self.sharded:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _micro_batches(self, inputs: torch.Tensor, targets: torch.Tensor) -> Iterator[tuple]:
+        mb, n = self.plan.micro_batch, self.plan.num_micro
+        model = self.parts[0]
+        for i in range(n):
+            last = i == n - 1
+            sync = model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext()
+            yield inputs[i * mb:(i + 1) * mb], targets[i * mb:(i + 1) * mb], sync
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.schedule is not None:
+            loss = self._pipeline_step(inputs, targets)
+        else:
+            loss = torch.zeros((), device=self.device)
+            for x, y, sync in self._micro_batches(inputs, targets):
+                with sync:
+                    with self._autocast():
+                        logits = self.parts[0](x)
+                    part = cross_entropy(logits, y) / self.plan.num_micro
+                    part.backward()
+                loss += part.detach()
+        self.optimizer.step()
+        return loss
+
+    def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        losses: list[torch.Tensor] = []
+        with self._autocast():
+            if self.first:
+                self.schedule.step(inputs, target=targets if self.last else None, losses=losses)
+            elif self.last:
+                self.schedule.step(target=targets, losses=losses)
+            else:
+                self.schedule.step()
+        if not self.last:
+            return torch.zeros((), device=self.device)
+        return torch.stack([loss.detach().float() for loss in losses]).mean()

@@ -1,0 +1,100 @@
+"""Proof that a layout trains the same model, before any of its time counts.
+
+The single-device reference (same weights, same data, same optimizer, micro-batched the same
+way) runs in the same job on every rank's own device; the layout's global loss of each of its
+first steps must match it: fp32 at a tight tolerance, bf16 at a stated one (bf16 sums in a
+different order differ in the last bits, which a few optimizer steps amplify). Where the full
+model would not fit one device, both run at reduced depth (same widths, 2 layers, or one per
+pipeline stage when there are more stages). Then the timed steps must lower the loss: the
+synthetic task is learnable, so a layout that does not learn it is broken."""
+
+from __future__ import annotations
+
+import gc
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from sweepbench.benchmarks.base import VerificationError
+from sweepbench.train.plan import TrainPlan
+from sweepbench.train.shape import Shape, bytes_per_param
+
+# relative tolerance of each verified step's loss against the reference
+LOSS_RTOL = {"fp32": 1e-4, "bf16": 2e-2, "mixed": 1e-2}
+MIN_DROP = 0.01  # the last timed losses must be at least 1% below the first step's
+FIT_FRACTION = 0.7  # the reference must fit in this share of one device's memory
+
+
+def reference_bytes(shape: Shape, plan: TrainPlan, *, lora_rank: int) -> int:
+    """Weights, gradients and AdamW states of the whole model on one device, plus activations of
+    one micro-batch (about 34 bytes per token and hidden unit per layer without checkpointing,
+    Korthikanti et al.) and its fp32 logits and their gradient."""
+    trainable = shape.num_layers * shape.lora_params(lora_rank) if lora_rank else shape.num_params()
+    frozen = shape.num_params(lora_rank=lora_rank) - trainable
+    states = (trainable * bytes_per_param(plan.precision, trainable=True)
+              + frozen * bytes_per_param(plan.precision, trainable=False))
+    tokens = plan.micro_batch * plan.seq_len
+    return states + tokens * (34 * shape.num_layers * shape.hidden_size + 8 * shape.vocab_size)
+
+
+def verify_depth(shape: Shape, plan: TrainPlan, *, device: torch.device, lora_rank: int, forced: int) -> int:
+    """Layers of the verified model: ``forced`` if set, the full depth if the single-device
+    reference fits, else 2 (rounded up to a multiple of the pipeline's stages)."""
+    if forced:
+        return forced
+    if device.type != "cuda":
+        return shape.num_layers
+    total = torch.cuda.get_device_properties(device).total_memory
+    if reference_bytes(shape, plan, lora_rank=lora_rank) <= FIT_FRACTION * total:
+        return shape.num_layers
+    stages = plan.num_stages
+    return stages * -(-2 // stages)
+
+
+def global_losses(local: list[torch.Tensor], *, holds_loss: bool) -> list[float]:
+    """The global batch's loss per step: the mean over the ranks that compute one (the last
+    pipeline stage's; tp ranks agree, dp ranks and cp sequence shards are averaged)."""
+    weight = 1.0 if holds_loss else 0.0
+    t = torch.stack([x.detach().float() for x in local] + [torch.ones((), device=local[0].device)]) * weight
+    dist.all_reduce(t)
+    return (t[:-1] / t[-1]).tolist()
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def check_losses(reference: list[float], got: list[float], *, precision: str) -> float:
+    """Raise VerificationError where a step's loss differs; returns the largest relative error."""
+    rtol = LOSS_RTOL[precision]
+    worst = 0.0
+    for i, (r, g) in enumerate(zip(reference, got)):
+        err = abs(g - r) / max(abs(r), 1e-12)
+        worst = max(worst, err)
+        if not err <= rtol:
+            raise VerificationError(f"step {i}: loss {g:.6f} differs from the single-device reference "
+                                    f"{r:.6f} by {err:.2e} (relative; tolerance {rtol:.0e} in {precision})")
+    return worst
+
+
+def check_learning(losses: list[float], *, last: int = 3) -> tuple[float, float]:
+    """(first loss, mean of the last ``last``): the latter must be MIN_DROP below the former."""
+    first, tail = losses[0], losses[-last:]
+    end = sum(tail) / len(tail)
+    if not end <= first * (1 - MIN_DROP):
+        raise VerificationError(f"the timed steps did not lower the loss on the learnable task: first step "
+                                f"{first:.4f}, mean of the last {len(tail)} {end:.4f} (needs <= "
+                                f"{first * (1 - MIN_DROP):.4f}); losses {[round(x, 4) for x in losses]}")
+    return first, end
+
+
+def run_reference(build: Callable[[], object], batches: Callable[[int], tuple], steps: int) -> list[float]:
+    """Losses of the first ``steps`` steps of the single-device reference (no communication)."""
+    trainer = build()
+    losses = [float(trainer.step(*batches(s))) for s in range(steps)]  # type: ignore[attr-defined]
+    del trainer
+    free_memory()
+    return losses
