@@ -21,6 +21,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -101,12 +102,12 @@ def task_layout() -> TaskLayout:
 def start_rank_log(job_dir: Path, rank: int) -> None:
     """Send this task's output to ``<job>/logs/rank<N>.log`` (as a local job does), appending:
     an attempt's header line tells a rerun's output from the previous attempt's, and says on
-    which host this rank runs."""
+    which host and with which interpreter (``launch.python``) this rank runs."""
     redirect_output(job_dir / "logs" / f"rank{rank}.log")
     job = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or "?"
     print(f"===== {datetime.now().isoformat(timespec='seconds')} rank {rank}: job {job}, "
-          f"start {restart_count() + 1} (SLURM_RESTART_COUNT={restart_count()}) on {socket.gethostname()} =====",
-          flush=True)
+          f"start {restart_count() + 1} (SLURM_RESTART_COUNT={restart_count()}) on {socket.gethostname()}, "
+          f"python {sys.executable} =====", flush=True)
 
 
 def start_attempt(job_dir: Path) -> None:

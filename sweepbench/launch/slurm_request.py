@@ -8,13 +8,17 @@ One SLURM task per rank, one GPU per rank:
   GPUs, else the whole world on one node;
 * nodes = world size / ranks per node; GPUs requested per node = ranks per node;
 * time limit: the preset's ``timeout_min``, else ``launch.timeout_s`` rounded up to minutes plus
-  the preset's ``startup_min``.
+  the preset's ``startup_min``;
+* interpreter: ``launch.python`` (a venv's ``bin/python``, on a filesystem the nodes share),
+  else the driver's: srun starts each task with it, so the ranks run in that environment.
 
 E.g. tp4pp2 (world 8) with 4 GPUs per node: 2 nodes x 4 tasks, 4 GPUs per node."""
 
 from __future__ import annotations
 
 import math
+import os
+import shlex
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -39,6 +43,7 @@ class SlurmRequest:
     tasks_per_node: int
     gpus_per_node: int  # 0: no GPU requested
     timeout_min: int
+    python: str = ""  # the tasks' interpreter; "": the driver's
 
     @property
     def world_size(self) -> int:
@@ -46,8 +51,9 @@ class SlurmRequest:
 
     def describe(self) -> str:
         gpus = f"{self.gpus_per_node} GPUs/node" if self.gpus_per_node else "no GPU"
+        python = f", python {self.python}" if self.python else ""
         return (f"{self.nodes} node{'s' if self.nodes > 1 else ''} x {self.tasks_per_node} tasks, {gpus}, "
-                f"{self.timeout_min} min")
+                f"{self.timeout_min} min{python}")
 
 
 def job_request(cfg: DictConfig, world_size: int, params: Mapping[str, Any]) -> SlurmRequest:
@@ -69,14 +75,22 @@ def job_request(cfg: DictConfig, world_size: int, params: Mapping[str, Any]) -> 
         raise ValueError(f"launch.ranks_per_node={per_node} needs {per_node} GPUs per node, but nodes have "
                          f"{gpus} (launch.gpus_per_node): one GPU per rank")
     timeout = params.get("timeout_min") or math.ceil(cfg.launch.timeout_s / 60) + int(params.get("startup_min") or 0)
+    python = str(cfg.launch.python or "")
+    if python and not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        raise ValueError(f"launch.python={python} is not an executable file; give a Python interpreter "
+                         f"(e.g. /path/to/venv/bin/python) on a filesystem the nodes share")
     return SlurmRequest(nodes=world_size // per_node, tasks_per_node=per_node,
-                        gpus_per_node=per_node if gpus else 0, timeout_min=int(timeout))
+                        gpus_per_node=per_node if gpus else 0, timeout_min=int(timeout), python=python)
 
 
-def executor_init(cluster: str, params: Mapping[str, Any]) -> dict[str, Any]:
-    """submitit.AutoExecutor's constructor arguments."""
-    return {"folder": params["submitit_folder"], "cluster": cluster,
-            f"{cluster}_max_num_timeout": int(params.get("max_num_timeout") or 0)}
+def executor_init(cluster: str, params: Mapping[str, Any], request: SlurmRequest) -> dict[str, Any]:
+    """submitit.AutoExecutor's constructor arguments (the interpreter is the executor's, not a
+    job parameter: jobs of different interpreters go in different executors)."""
+    init: dict[str, Any] = {"folder": params["submitit_folder"], "cluster": cluster,
+                            f"{cluster}_max_num_timeout": int(params.get("max_num_timeout") or 0)}
+    if request.python:
+        init[f"{cluster}_python"] = shlex.quote(request.python)  # submitit puts it in a shell line as is
+    return init
 
 
 def executor_parameters(cluster: str, params: Mapping[str, Any], request: SlurmRequest) -> dict[str, Any]:

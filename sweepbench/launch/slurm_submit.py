@@ -127,7 +127,7 @@ def _groups(specs: list[JobSpec]) -> dict[SlurmRequest, list[JobSpec]]:
 def _executor(launcher: Any, request: SlurmRequest) -> Any:
     import submitit
 
-    executor = submitit.AutoExecutor(**executor_init(launcher.cluster, launcher.params))
+    executor = submitit.AutoExecutor(**executor_init(launcher.cluster, launcher.params, request))
     executor.update_parameters(**executor_parameters(launcher.cluster, launcher.params, request))
     return executor
 

@@ -43,7 +43,7 @@ def rank_log_hosts(job_dir: Path) -> dict[int, str]:
     hosts = {}
     for rank in range(4):
         text = (job_dir / "logs" / f"rank{rank}.log").read_text()
-        found = re.search(rf"rank {rank}: job \S+, start 1 \(SLURM_RESTART_COUNT=0\) on (\S+) =====", text)
+        found = re.search(rf"rank {rank}: job \S+, start 1 \(SLURM_RESTART_COUNT=0\) on (\S+), python ", text)
         assert found, text[:2000]
         hosts[rank] = found.group(1)
     return hosts

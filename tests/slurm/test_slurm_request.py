@@ -6,6 +6,7 @@ be placed are bad input (one line, exit 2)."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -64,6 +65,8 @@ def test_multinode_request_and_its_sbatch_script(tmp_path: Path) -> None:
     (["hydra.launcher.nodes=2"], "hydra.launcher.nodes=2 is computed per job"),
     (["parallelism=tp4", "launch.ranks_per_node=3"], "launch.ranks_per_node=3 does not divide world_size=4"),
     (["parallelism=tp4pp2", "launch.gpus_per_node=4", "launch.ranks_per_node=8"], "needs 8 GPUs per node"),
+    (["launch.python=/nonexistent/venv/bin/python"], "launch.python=/nonexistent/venv/bin/python is not an "
+                                                      "executable file"),
 ])
 @pytest.mark.timeout(60)
 def test_a_request_that_cannot_be_placed_is_one_line_exit_2(tmp_path: Path, bad: list[str], says: str) -> None:
@@ -71,3 +74,21 @@ def test_a_request_that_cannot_be_placed_is_one_line_exit_2(tmp_path: Path, bad:
     assert run.rc == 2, run.describe()
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("sweepbench: error: ") and says in lines[0], run.stderr
+
+
+@pytest.mark.timeout(60)
+def test_each_interpreter_gets_its_own_submission(tmp_path: Path) -> None:
+    """launch.python swept: jobs of each interpreter are submitted apart, srun starting the tasks
+    with it (the driver's own when unset)."""
+    other = tmp_path / "venv" / "bin" / "python"  # any executable will do for a dry run
+    other.parent.mkdir(parents=True)
+    other.symlink_to(sys.executable)
+    run = run_sweepbench([*SLURM, "benchmark=collective", f"launch.python={sys.executable},{other}",
+                          "sweep.dry_run=true"], sweep_dir=tmp_path / "sweep")
+    assert run.rc == 0, run.describe()
+    assert f"1 node x 2 tasks, no GPU, 17 min, python {sys.executable}" in run.stdout
+    assert f"1 node x 2 tasks, no GPU, 17 min, python {other}" in run.stdout
+    sruns = [line for line in run.stdout.splitlines() if line.startswith("srun ")]
+    assert len(sruns) == 2, run.stdout
+    assert f" {sys.executable} -u -m submitit.core._submit " in sruns[0]
+    assert f" {other} -u -m submitit.core._submit " in sruns[1]
