@@ -19,7 +19,6 @@ Usable from a shell, after ``python tests/slurm/cluster.py start``::
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -110,11 +109,12 @@ class MultiNodeCluster(SlurmCluster):
             raise _PreflightError(f"missing programs (ip, unshare, or SLURM's). {INSTALL_HINT}")
         if not self.base.is_healthy():
             raise _PreflightError("the one-node cluster (its munged and slurmdbd) must be up first")
-        self._had_state = False  # nothing kept worth a retry: every start is from scratch
+        # slurmctld's state is kept (with -i, a stale one is ignored): job ids go on increasing,
+        # and never repeat one that slurmdbd already holds a record of for this cluster
+        self._had_state = False
         if self.state_dir.exists() and self.is_healthy():
             return self
         self.stop(quiet=True, _locked=True)
-        shutil.rmtree(self.state_dir / "slurmctld", ignore_errors=True)
         self._choose_ports()
         self._write_configs()
         for name in self.node_names:

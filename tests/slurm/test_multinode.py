@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -26,7 +27,13 @@ RANK_HOSTS = {0: "sbnode1", 1: "sbnode1", 2: "sbnode2", 3: "sbnode2"}  # block d
 
 
 @pytest.fixture(scope="module")
-def sweep(multinode_cluster: MultiNodeCluster, tmp_path_factory: pytest.TempPathFactory) -> SweepRun:
+def started() -> str:
+    """When the sweep began, as sacct reads a time: its records of this cluster before are not ours."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+@pytest.fixture(scope="module")
+def sweep(multinode_cluster: MultiNodeCluster, started: str, tmp_path_factory: pytest.TempPathFactory) -> SweepRun:
     run = run_sweepbench([*SLURM, *GRID], sweep_dir=tmp_path_factory.mktemp("multinode") / "sweep",
                          env=base_env(**multinode_cluster.env), timeout=180)
     assert run.rc == 1, run.describe()  # the faulty job failed, the sweep went on
@@ -50,7 +57,7 @@ def rank_log_hosts(job_dir: Path) -> dict[int, str]:
 
 
 @pytest.mark.timeout(240)
-def test_ranks_span_both_nodes_and_the_collective_verifies(sweep: SweepRun, tags: dict[str, str],
+def test_ranks_span_both_nodes_and_the_collective_verifies(sweep: SweepRun, tags: dict[str, str], started: str,
                                                            multinode_cluster: MultiNodeCluster) -> None:
     tag = tags["none"]
     m = sweep.metrics(tag)
@@ -70,7 +77,8 @@ def test_ranks_span_both_nodes_and_the_collective_verifies(sweep: SweepRun, tags
     here = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, check=True).stdout
     assert f" {addr}/" not in here
     job_id = env["slurm"]["job_id"]
-    acct = multinode_cluster.run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "State,NodeList,NNodes"])
+    acct = multinode_cluster.run(["sacct", "-n", "-P", "-X", "-S", started, "-j", job_id,
+                                  "-o", "State,NodeList,NNodes"])
     assert acct.stdout.split() == ["COMPLETED|sbnode[1-2]|2"]
 
 
