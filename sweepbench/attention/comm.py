@@ -1,0 +1,132 @@
+"""The communication an implementation does, behind one small object, so that the same schedule can
+run with its communication replaced by local buffers (``LocalComm``): the difference of the two
+times is the communication that stayed exposed (not hidden behind compute).
+
+``LocalComm`` moves no bytes between ranks: a ring exchange copies the send buffer into the
+receive buffer, an all-gather repeats the local tensor, an all-to-all copies its input. Results are
+wrong by design; only its time is used."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+
+
+# torch 2.13 renamed the tensor forms (the old names warn); older torch has only the old names
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class Pending(Protocol):
+    def wait(self) -> None: ...
+
+
+class _Done:
+    def wait(self) -> None:
+        pass
+
+
+class _Works:
+    def __init__(self, works: list) -> None:
+        self.works = works
+
+    def wait(self) -> None:  # idempotent: a second wait on a finished gloo p2p work can block
+        works, self.works = self.works, []
+        for w in works:
+            w.wait()
+
+
+class Comm:
+    """Real communication over ``group`` (None: the default group)."""
+
+    real = True
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        self.group = group
+        on = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank(group) if on else 0  # no process group: a ring of one
+        self.size = dist.get_world_size(group) if on else 1
+
+    @classmethod
+    def solo(cls) -> "Comm":
+        """A ring of one (attention on this device alone, e.g. inside Ulysses)."""
+        comm = cls.__new__(cls)
+        comm.group, comm.rank, comm.size = None, 0, 1
+        return comm
+
+    def _global(self, r: int) -> int:
+        return dist.get_global_rank(self.group, r) if self.group is not None else r
+
+    def ring_exchange(self, send: torch.Tensor, recv: torch.Tensor) -> Pending:
+        """Send ``send`` to the next rank and receive the previous rank's into ``recv``, batched
+        and asynchronous (``wait`` before reading ``recv`` or writing ``send``)."""
+        if self.size == 1:
+            recv.copy_(send)
+            return _Done()
+        nxt, prv = self._global((self.rank + 1) % self.size), self._global((self.rank - 1) % self.size)
+        ops = [dist.P2POp(dist.isend, send, nxt, self.group), dist.P2POp(dist.irecv, recv, prv, self.group)]
+        return _Works(dist.batch_isend_irecv(ops))
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``x`` stacked on a new leading dim, in rank order."""
+        out = torch.empty((self.size, *x.shape), dtype=x.dtype, device=x.device)
+        if self.size == 1:
+            out[0].copy_(x)
+        else:  # the flat forms: gloo wants the output as the inputs concatenated on dim 0
+            _all_gather(out.view(-1), x.contiguous().view(-1), group=self.group)
+        return out
+
+    def reduce_scatter(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (W, ...) summed over ranks; this rank keeps entry ``rank``."""
+        if self.size == 1:
+            return x[0].clone()
+        out = torch.empty(x.shape[1:], dtype=x.dtype, device=x.device)
+        _reduce_scatter(out.view(-1), x.contiguous().view(-1), group=self.group)
+        return out
+
+    def all_to_all(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (W, ...): entry j goes to rank j; the result's entry j came from rank j."""
+        out = torch.empty_like(x)
+        if self.size == 1:
+            out.copy_(x)
+        else:
+            dist.all_to_all_single(out, x.contiguous(), group=self.group)
+        return out
+
+
+class LocalComm(Comm):
+    """The same calls with no bytes crossing ranks (for the exposed-communication measure)."""
+
+    real = False
+
+    def ring_exchange(self, send: torch.Tensor, recv: torch.Tensor) -> Pending:
+        recv.copy_(send)
+        return _Done()
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        return x.unsqueeze(0).repeat(self.size, *([1] * x.dim()))
+
+    def reduce_scatter(self, x: torch.Tensor) -> torch.Tensor:
+        return x[self.rank].clone()
+
+    def all_to_all(self, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+
+def gather_sequence(comm: Comm, x: torch.Tensor, *, dim: int, placement: str) -> torch.Tensor:
+    """Every rank's local ``x`` -> the whole sequence along ``dim``, in sequence order."""
+    from sweepbench.attention.placement import unshard_sequence
+
+    return unshard_sequence(list(comm.all_gather(x)), dim=dim, world_size=comm.size, placement=placement)
+
+
+def reduce_scatter_sequence(comm: Comm, x: torch.Tensor, *, dim: int, placement: str) -> torch.Tensor:
+    """A whole-sequence tensor (e.g. gradients of gathered K/V), summed over ranks, each rank
+    keeping its own tokens (the backward of ``gather_sequence``)."""
+    from sweepbench.attention.placement import shard_sequence
+
+    per_rank = torch.stack([shard_sequence(x, dim=dim, rank=j, world_size=comm.size, placement=placement)
+                            for j in range(comm.size)])
+    return comm.reduce_scatter(per_rank)

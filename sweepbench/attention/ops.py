@@ -1,0 +1,209 @@
+"""Block attention on one device through torch's own LSE-returning SDPA ops, and the LSE merge.
+
+Every implementation computes attention as blocks (a slice of the queries against a slice of the
+keys, fully or with a causal mask aligned at the top left, which is what the ops' ``is_causal``
+means) and merges the blocks of the same query rows by their log-sum-exp, in fp32. A block's
+backward is the op's backward called with the *merged* output and LSE, which makes it that
+block's share of the gradient of the merged attention (the softmax over the union of keys).
+
+The SDPA backends are registered by name: ``cpu_flash`` (the CPU flash op), and on CUDA ``cudnn``,
+``flash`` and ``efficient``. The ops take as many kv heads as query heads here: GQA kv heads are
+expanded just before the op (after any communication) and their gradients summed back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+aten = torch.ops.aten
+Aux = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class SdpaBackend:
+    """``forward(q, k, v, causal, scale) -> (out, lse (B, H, Lq) fp32, aux)``;
+    ``backward(dout, q, k, v, out, lse, aux, causal, scale) -> (dq, dk, dv)``."""
+
+    name: str
+    device_type: str
+    forward: Callable[..., tuple[torch.Tensor, torch.Tensor, Aux]]
+    backward: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    dtypes: tuple[torch.dtype, ...]
+
+
+SDPA_BACKENDS: dict[str, SdpaBackend] = {}
+
+
+def _register(backend: SdpaBackend) -> None:
+    if backend.name in SDPA_BACKENDS:
+        raise ValueError(f"SDPA backend {backend.name!r} registered twice")
+    SDPA_BACKENDS[backend.name] = backend
+
+
+def _cpu_fwd(q, k, v, causal, scale):
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+    return out, lse.float(), ()
+
+
+def _cpu_bwd(dout, q, k, v, out, lse, aux, causal, scale):
+    return aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        dout, q, k, v, out, lse, 0.0, causal, scale=scale)
+
+
+def _cudnn_fwd(q, k, v, causal, scale):
+    r = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False, scale=scale)
+    lse = r[1]
+    lse = lse.squeeze(-1) if lse.dim() == 4 else lse  # cuDNN keeps a trailing dim of 1
+    return r[0], lse.float(), (r[6], r[7])
+
+
+def _cudnn_bwd(dout, q, k, v, out, lse, aux, causal, scale):
+    seed, offset = aux
+    return aten._scaled_dot_product_cudnn_attention_backward(
+        dout, q, k, v, out, lse.unsqueeze(-1).contiguous(), seed, offset, None, None, None,
+        q.shape[2], k.shape[2], 0.0, causal, scale=scale)
+
+
+def _flash_fwd(q, k, v, causal, scale):
+    r = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
+    return r[0], r[1].float(), (r[2], r[3], r[6], r[7])
+
+
+def _flash_bwd(dout, q, k, v, out, lse, aux, causal, scale):
+    cum_q, cum_k, seed, offset = aux
+    return aten._scaled_dot_product_flash_attention_backward(
+        dout, q, k, v, out, lse.contiguous(), cum_q, cum_k, q.shape[2], k.shape[2], 0.0, causal,
+        seed, offset, scale=scale)
+
+
+def _efficient_fwd(q, k, v, causal, scale):
+    out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal,
+                                                                          scale=scale)
+    return out, lse[..., : q.shape[2]].float(), (seed, offset)  # its LSE is padded to 32 rows
+
+
+def _efficient_bwd(dout, q, k, v, out, lse, aux, causal, scale):
+    seed, offset = aux
+    pad = -q.shape[2] % 32
+    lse = torch.nn.functional.pad(lse, (0, pad)).contiguous()
+    dq, dk, dv, _ = aten._scaled_dot_product_efficient_attention_backward(
+        dout, q, k, v, None, out, lse, seed, offset, 0.0, [True, True, True, False], causal, scale=scale)
+    return dq, dk, dv
+
+
+_LOW = (torch.bfloat16, torch.float16)
+_register(SdpaBackend("cpu_flash", "cpu", _cpu_fwd, _cpu_bwd, (torch.float32, *_LOW)))
+_register(SdpaBackend("cudnn", "cuda", _cudnn_fwd, _cudnn_bwd, _LOW))
+_register(SdpaBackend("flash", "cuda", _flash_fwd, _flash_bwd, _LOW))
+_register(SdpaBackend("efficient", "cuda", _efficient_fwd, _efficient_bwd, (torch.float32, *_LOW)))
+
+
+def get_backend(name: str) -> SdpaBackend:
+    if name not in SDPA_BACKENDS:
+        raise ValueError(f"unknown SDPA backend {name!r}; valid: {', '.join(SDPA_BACKENDS)}")
+    return SDPA_BACKENDS[name]
+
+
+def backends_for(device_type: str, dtype: torch.dtype) -> list[str]:
+    """The registered backends that can run on this device and dtype, in registry order."""
+    return [b.name for b in SDPA_BACKENDS.values() if b.device_type == device_type and dtype in b.dtypes]
+
+
+@dataclass(frozen=True)
+class Block:
+    """Queries ``q`` (a slice of the local query rows) against keys ``k`` (a slice of a key
+    buffer); ``causal``: the top-left-aligned causal mask (q and k slices of equal length)."""
+
+    q: slice
+    k: slice
+    causal: bool
+
+
+def _expand(x: torch.Tensor, heads: int) -> torch.Tensor:
+    g = heads // x.shape[1]
+    return x if g == 1 else x.repeat_interleave(g, dim=1)
+
+
+def _reduce(dx: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    b, h, l, d = dx.shape
+    return dx if h == kv_heads else dx.view(b, kv_heads, h // kv_heads, l, d).sum(2)
+
+
+def merge_(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor) -> None:
+    """Fold one block into fp32 accumulators, in place: out -= sigmoid(lse_b - lse) * (out - out_b),
+    lse = logaddexp(lse, lse_b) (= lse - logsigmoid(lse - lse_b), finite where lse is still -inf)."""
+    w = torch.sigmoid(block_lse - lse).unsqueeze(-1)
+    out.sub_(w * (out - block_out.float()))
+    lse.copy_(torch.logaddexp(lse, block_lse))
+
+
+def attend(backend: SdpaBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: Sequence[Block], *,
+           scale: float, out: torch.Tensor, lse: torch.Tensor) -> Aux:
+    """Merge ``blocks`` into the fp32 accumulators ``out`` (B, H, Lq, D) and ``lse`` (B, H, Lq);
+    returns the aux tensors (RNG state) of the last op call, which a backward call needs."""
+    aux: Aux = ()
+    heads = q.shape[1]
+    for b in blocks:
+        o, l, aux = backend.forward(q[:, :, b.q].contiguous(), _expand(k[:, :, b.k], heads).contiguous(),
+                                    _expand(v[:, :, b.k], heads).contiguous(), b.causal, scale)
+        merge_(out[:, :, b.q], lse[:, :, b.q], o, l)
+    return aux
+
+
+def attend_backward(backend: SdpaBackend, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    out: torch.Tensor, lse: torch.Tensor, blocks: Sequence[Block], *, scale: float, aux: Aux,
+                    dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
+    """Accumulate each block's gradients (from the merged ``out``/``lse``) into fp32 dq, dk, dv."""
+    heads, kv_heads = q.shape[1], k.shape[1]
+    for b in blocks:
+        gq, gk, gv = backend.backward(
+            dout[:, :, b.q].contiguous(), q[:, :, b.q].contiguous(),
+            _expand(k[:, :, b.k], heads).contiguous(), _expand(v[:, :, b.k], heads).contiguous(),
+            out[:, :, b.q].contiguous(), lse[:, :, b.q].contiguous(), aux, b.causal, scale)
+        dq[:, :, b.q] += gq
+        dk[:, :, b.k] += _reduce(gk, kv_heads)
+        dv[:, :, b.k] += _reduce(gv, kv_heads)
+
+
+def new_accumulators(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 output (zeros) and LSE (-inf) accumulators for the query rows of ``q``."""
+    b, h, l, d = q.shape
+    return (torch.zeros(b, h, l, d, dtype=torch.float32, device=q.device),
+            torch.full((b, h, l), float("-inf"), dtype=torch.float32, device=q.device))
+
+
+class LocalAttention(torch.autograd.Function):
+    """Blocks over local q, k, v as one autograd node (single device; Ulysses' local step)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, backend: SdpaBackend, blocks: tuple[Block, ...], scale: float):  # type: ignore[override]
+        out, lse = new_accumulators(q)
+        aux = attend(backend, q, k, v, blocks, scale=scale, out=out, lse=lse)
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.meta = (backend, blocks, scale, aux)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):  # type: ignore[override]
+        q, k, v, out, lse = ctx.saved_tensors
+        backend, blocks, scale, aux = ctx.meta
+        dq = torch.zeros_like(q, dtype=torch.float32)
+        dk = torch.zeros_like(k, dtype=torch.float32)
+        dv = torch.zeros_like(v, dtype=torch.float32)
+        attend_backward(backend, dout.contiguous(), q, k, v, out, lse, blocks, scale=scale, aux=aux,
+                        dq=dq, dk=dk, dv=dv)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+
+
+def full_blocks(seq_len: int, causal: bool) -> tuple[Block, ...]:
+    """One block: the whole (local) sequence against itself."""
+    return (Block(slice(0, seq_len), slice(0, seq_len), causal),)
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend: str, causal: bool,
+                   scale: float) -> torch.Tensor:
+    """Plain attention on one device through ``backend`` (autograd-aware)."""
+    return LocalAttention.apply(q, k, v, get_backend(backend), full_blocks(q.shape[2], causal), scale)

@@ -1,0 +1,91 @@
+"""Where each token lives: the sequence placements of context parallelism.
+
+``contiguous``: rank r holds chunk r of W equal chunks. ``zigzag`` (head-tail): the sequence is
+cut into 2W chunks and rank r holds chunks r and 2W-1-r, so that under a causal mask every rank
+has the same amount of work (an early chunk, cheap, with a late one, expensive). A rank keeps its
+chunks concatenated in that order along the sequence dim."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+PLACEMENTS: dict[str, Callable[[int, int], list[int]]] = {}
+
+
+def _placement(name: str):
+    def wrap(fn: Callable[[int, int], list[int]]) -> Callable[[int, int], list[int]]:
+        if name in PLACEMENTS:
+            raise ValueError(f"placement {name!r} registered twice")
+        PLACEMENTS[name] = fn
+        return fn
+    return wrap
+
+
+@_placement("contiguous")
+def _contiguous(rank: int, world_size: int) -> list[int]:
+    return [rank]
+
+
+@_placement("zigzag")
+def _zigzag(rank: int, world_size: int) -> list[int]:
+    return [rank, 2 * world_size - 1 - rank]
+
+
+def num_chunks(placement: str, world_size: int) -> int:
+    """How many equal chunks the whole sequence is cut into."""
+    return world_size * len(chunks_of(placement, 0, world_size))
+
+
+def chunks_of(placement: str, rank: int, world_size: int) -> list[int]:
+    """The chunk indices rank ``rank`` holds, in its local order."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"unknown placement {placement!r}; valid: {', '.join(PLACEMENTS)}")
+    return PLACEMENTS[placement](rank, world_size)
+
+
+@dataclass(frozen=True)
+class Span:
+    """A local chunk: where it sits in the rank's buffer and in the whole sequence."""
+
+    local_start: int
+    global_start: int
+    length: int
+
+
+def spans(placement: str, rank: int, world_size: int, seq_len: int) -> list[Span]:
+    """The local chunks of ``rank`` for a whole sequence of ``seq_len`` tokens."""
+    n = num_chunks(placement, world_size)
+    assert seq_len % n == 0, f"seq_len={seq_len} is not divisible by {n} chunks"
+    c = seq_len // n
+    return [Span(i * c, k * c, c) for i, k in enumerate(chunks_of(placement, rank, world_size))]
+
+
+def positions(placement: str, rank: int, world_size: int, seq_len: int) -> torch.Tensor:
+    """Global token positions of a rank's local tokens (for RoPE), in local order."""
+    return torch.cat([torch.arange(s.global_start, s.global_start + s.length)
+                      for s in spans(placement, rank, world_size, seq_len)])
+
+
+def shard_sequence(x: torch.Tensor, *, dim: int, rank: int, world_size: int, placement: str) -> torch.Tensor:
+    """The part of the whole-sequence tensor ``x`` that ``rank`` holds (a new tensor)."""
+    parts = x.chunk(num_chunks(placement, world_size), dim=dim)
+    return torch.cat([parts[k] for k in chunks_of(placement, rank, world_size)], dim=dim)
+
+
+def unshard_sequence(chunks_or_x: torch.Tensor | Sequence[torch.Tensor], *, dim: int, world_size: int,
+                     placement: str) -> torch.Tensor:
+    """Back to sequence order: from every rank's local tensor (a list, rank order) or from their
+    concatenation along ``dim`` in rank order (what an all-gather gives)."""
+    per_rank = (list(chunks_or_x) if not isinstance(chunks_or_x, torch.Tensor)
+                else list(chunks_or_x.chunk(world_size, dim=dim)))
+    assert len(per_rank) == world_size, f"{len(per_rank)} local tensors for {world_size} ranks"
+    n = num_chunks(placement, world_size)
+    ordered: list[torch.Tensor | None] = [None] * n
+    for rank, local in enumerate(per_rank):
+        mine = chunks_of(placement, rank, world_size)
+        for k, part in zip(mine, local.chunk(len(mine), dim=dim)):
+            ordered[k] = part
+    return torch.cat(ordered, dim=dim)  # type: ignore[arg-type]

@@ -1,0 +1,94 @@
+"""The context-parallel implementations, by name, with what each can run (torch-free, so that a
+sweep's jobs are checked before any rank starts). Each entry points at its code ("module:attr"),
+imported only where a rank runs it."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+DEVICES = ("cpu", "cuda")
+PATTERNS = ("dense", "dilated")
+
+
+@dataclass(frozen=True)
+class ImplSpec:
+    name: str
+    placement: str  # how the caller must lay out tokens: zigzag | contiguous
+    entry: str  # "module:function" (q, k, v, *, comm, causal, scale, backend, pattern, branches, seq_len)
+    summary: str
+    device_types: tuple[str, ...] = DEVICES
+    patterns: tuple[str, ...] = PATTERNS
+    causal_only: bool = False
+    heads_divisible: bool = False  # heads must divide by the ring size (all-to-all over heads)
+    context: str = ""  # "module:function": a context that must cover forward and backward
+
+    def load(self) -> Callable[..., Any]:
+        return _load(self.entry)
+
+    def load_context(self) -> Callable[..., Any] | None:
+        return _load(self.context) if self.context else None
+
+
+def _load(path: str) -> Callable[..., Any]:
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+IMPLS: dict[str, ImplSpec] = {}
+
+
+def register_impl(spec: ImplSpec) -> ImplSpec:
+    if spec.name in IMPLS:
+        raise ValueError(f"attention impl {spec.name!r} registered twice")
+    IMPLS[spec.name] = spec
+    return spec
+
+
+_E = "sweepbench.attention.impls"
+register_impl(ImplSpec("ring", "zigzag", f"{_E}:ring",
+                       "zigzag ring, K/V packed, batched async p2p overlapped with compute"))
+register_impl(ImplSpec("ring_naive", "contiguous", f"{_E}:ring_naive",
+                       "contiguous ring without overlap (what balancing and overlap buy)"))
+register_impl(ImplSpec("allgather", "zigzag", f"{_E}:allgather", "Llama-3 style: all-gather K/V, Q local"))
+register_impl(ImplSpec("ulysses", "contiguous", f"{_E}:ulysses", "all-to-all over heads",
+                       heads_divisible=True))
+register_impl(ImplSpec("torch_cp", "zigzag", "sweepbench.attention.torch_cp:torch_cp_attention",
+                       "torch.distributed.tensor.experimental.context_parallel (head-tail load balancer)",
+                       device_types=("cuda",), patterns=("dense",), causal_only=True,
+                       context="sweepbench.attention.torch_cp:torch_cp_context"))
+
+
+def get_impl(name: str) -> ImplSpec:
+    if name not in IMPLS:
+        raise ValueError(f"unknown attention impl {name!r}; valid: {', '.join(IMPLS)}")
+    return IMPLS[name]
+
+
+def placement_of(impl: str) -> str:
+    """How ``impl`` expects the sequence laid out over the ranks (see ``shard_sequence``)."""
+    return get_impl(impl).placement
+
+
+def why_not(impl: str, *, device_type: str, world_size: int, num_heads: int, pattern: str,
+            causal: bool) -> str | None:
+    """None if ``impl`` can run this case, else why not and which impls would (one line)."""
+    spec = get_impl(impl)
+
+    def others(ok: Callable[[ImplSpec], bool]) -> str:
+        return ", ".join(s.name for s in IMPLS.values() if ok(s)) or "none"
+
+    if device_type not in spec.device_types:
+        return (f"impl={impl} runs on {'/'.join(spec.device_types)} only, not {device_type} "
+                f"(on {device_type}: {others(lambda s: device_type in s.device_types)})")
+    if pattern not in spec.patterns:
+        return f"impl={impl} runs pattern={'/'.join(spec.patterns)} only (pattern={pattern}: " \
+               f"{others(lambda s: pattern in s.patterns)})"
+    if spec.causal_only and not causal:
+        return f"impl={impl} balances load only under a causal mask; use causal=true " \
+               f"(non-causal: {others(lambda s: not s.causal_only)})"
+    if spec.heads_divisible and num_heads % world_size:
+        return (f"impl={impl} needs model.num_heads={num_heads} divisible by the ring size {world_size} "
+                f"(use cp dividing {num_heads}, or impl={others(lambda s: not s.heads_divisible)})")
+    return None

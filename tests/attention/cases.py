@@ -1,0 +1,67 @@
+"""Rank functions for the engine tests (module level, so spawned gloo ranks can run them): each
+builds the whole-sequence inputs from a seed, runs one impl on its own tokens, and compares its
+output and dq/dk/dv with the explicit-math reference on the same tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from sweepbench.attention import Comm, cp_attention, placement_of, shard_sequence
+from sweepbench.attention.reference import math_attention, math_dilated_attention
+
+BATCH, HEAD_DIM = 2, 8
+
+
+def inputs(seq: int, heads: int, kv_heads: int, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(BATCH, heads, seq, HEAD_DIM), (BATCH, kv_heads, seq, HEAD_DIM), (BATCH, kv_heads, seq, HEAD_DIM),
+              (BATCH, heads, seq, HEAD_DIM)]
+    return [torch.randn(s, generator=g, dtype=torch.float64).float() for s in shapes]
+
+
+def reference(q, k, v, dout, *, causal: bool, pattern: str, segs: list[int], rates: list[int]):
+    q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
+    scale = HEAD_DIM ** -0.5
+    out = (math_dilated_attention(q, k, v, causal=causal, scale=scale, segment_lengths=segs, dilation_rates=rates)
+           if pattern == "dilated" else math_attention(q, k, v, causal=causal, scale=scale))
+    out.backward(dout)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def check_case(rank: int, world_size: int, case: dict[str, Any], *, comm: Comm | None = None) -> float:
+    """Max abs error of this rank's output and grads against the reference (raises if too big)."""
+    q, k, v, dout = inputs(case["seq"], case["heads"], case["kv_heads"])
+    segs, rates = case.get("segs", []), case.get("rates", [])
+    ref = reference(q, k, v, dout, causal=case["causal"], pattern=case["pattern"], segs=segs, rates=rates)
+    placement = placement_of(case["impl"])
+    mine = [shard_sequence(x, dim=2, rank=rank, world_size=world_size, placement=placement) for x in (q, k, v, dout)]
+    lq, lk, lv = (x.clone().requires_grad_() for x in mine[:3])
+    comm = comm or Comm.solo()
+    out = cp_attention(lq, lk, lv, impl=case["impl"], causal=case["causal"], comm=comm, pattern=case["pattern"],
+                       segment_lengths=segs, dilation_rates=rates)
+    out.backward(mine[3])
+    worst = 0.0
+    for name, got, want in zip(("out", "dq", "dk", "dv"), (out, lq.grad, lk.grad, lv.grad), ref):
+        want = shard_sequence(want, dim=2, rank=rank, world_size=world_size, placement=placement)
+        err = (got.detach() - want).abs().max().item()
+        assert torch.allclose(got.detach(), want, atol=2e-5, rtol=1e-4), \
+            f"{case} rank {rank}: {name} differs from the reference by {err:.3g}"
+        worst = max(worst, err)
+    return worst
+
+
+_GROUPS: dict[int, Any] = {}
+
+
+def check_cases(rank: int, world_size: int, size: int, cases: list[dict[str, Any]]) -> list[float]:
+    """Run ``cases`` on the first ``size`` ranks of the world (a subgroup); the others idle."""
+    import torch.distributed as dist
+
+    if size not in _GROUPS:  # every rank of the world takes part in making a group
+        _GROUPS[size] = dist.new_group(list(range(size)))
+    if rank >= size:
+        return []
+    comm = Comm(_GROUPS[size])
+    return [check_case(rank, size, case, comm=comm) for case in cases]
