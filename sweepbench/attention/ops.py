@@ -17,6 +17,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from sweepbench.attention.registry import SDPA_DEVICE
+
 aten = torch.ops.aten
 Aux = tuple[Any, ...]
 
@@ -37,6 +39,7 @@ SDPA_BACKENDS: dict[str, SdpaBackend] = {}
 
 
 def _register(backend: SdpaBackend) -> None:
+    assert SDPA_DEVICE[backend.name] == backend.device_type, backend.name
     if backend.name in SDPA_BACKENDS:
         raise ValueError(f"SDPA backend {backend.name!r} registered twice")
     SDPA_BACKENDS[backend.name] = backend

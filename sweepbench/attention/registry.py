@@ -10,6 +10,8 @@ from typing import Any, Callable
 
 DEVICES = ("cpu", "cuda")
 PATTERNS = ("dense", "dilated")
+# the SDPA backends (sweepbench.attention.ops) and the device each runs on
+SDPA_DEVICE = {"cpu_flash": "cpu", "cudnn": "cuda", "flash": "cuda", "efficient": "cuda"}
 
 
 @dataclass(frozen=True)

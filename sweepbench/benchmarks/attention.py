@@ -1,0 +1,101 @@
+"""Context-parallel attention scaling (``sweepbench/attention/`` is the engine): ring size =
+``parallelism.cp``, shape from the model group, one impl per job, dense or dilated.
+
+Per job: rank 0 times the whole sequence on one device with every SDPA backend that runs there
+(T1 = the fastest; its output and grads are the reference); every rank then runs the impl on its
+tokens once, output and dq/dk/dv are gathered back to sequence order and checked against the
+reference (a mismatch fails the job); then fwd, bwd and fwd+bwd are timed (slowest rank), the same
+schedule again with its communication replaced by local copies (exposed communication = the
+difference of the medians), and peak memory per rank is read after a reset."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig
+
+from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, Plot
+from sweepbench.benchmarks.registry import register
+from sweepbench.config.schema import BenchmarkConfig
+
+DTYPES = ("", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class AttentionConfig(BenchmarkConfig):
+    name: str = "attention"
+    seq_len: int = 2048  # tokens of the whole sequence (split over the ring of parallelism.cp ranks)
+    batch_size: int = 2
+    causal: bool = True
+    backward: bool = True  # time fwd+bwd (false: forward only)
+    dtype: str = ""  # "" = the model's dtype
+    impl: str = "ring"  # ring | ring_naive | allgather | ulysses | torch_cp
+    pattern: str = "dense"  # dense | dilated (LongNet)
+    segment_lengths: list[int] = field(default_factory=lambda: [2048, 4096, 8192])  # dilated only
+    dilation_rates: list[int] = field(default_factory=lambda: [1, 2, 4])  # dilated only
+    sdpa_backend: str = "auto"  # auto (T1's fastest) | cpu_flash | cudnn | flash | efficient
+    rotate_method: str = "allgather"  # torch_cp's K/V rotation: allgather | alltoall
+    t1_iters: int = 3  # timed iterations of each single-device backend (rank 0)
+    seed: int = 0
+
+
+def _device_type(cfg: DictConfig) -> str:
+    from sweepbench.config.validate import GPU_BACKENDS, resolve_backend
+
+    return "cuda" if resolve_backend(cfg.backend.name) in GPU_BACKENDS else "cpu"
+
+
+@register("attention")
+class AttentionBenchmark(Benchmark):
+    schema = AttentionConfig
+    tag_keys = ("impl", "pattern", "seq_len")
+    tag_groups = ("model", "parallelism", "backend")
+
+    @classmethod
+    def world_size(cls, cfg: DictConfig) -> int:
+        return cfg.parallelism.cp
+
+    @classmethod
+    def validate(cls, cfg: DictConfig) -> None:
+        from sweepbench.attention.checks import check_case
+
+        b, m, w = cfg.benchmark, cfg.model, cfg.parallelism.cp
+        if b.dtype not in DTYPES:
+            raise ValueError(f"benchmark.dtype={b.dtype!r}; valid: float32, bfloat16, float16 or '' (the model's)")
+        if b.rotate_method not in ("allgather", "alltoall"):
+            raise ValueError(f"benchmark.rotate_method={b.rotate_method!r}; valid: allgather, alltoall")
+        if cfg.parallelism.tp * cfg.parallelism.pp * cfg.parallelism.dp * cfg.parallelism.ep != 1:
+            raise ValueError(f"benchmark=attention splits the sequence only: use parallelism=cp1/cp2/cp4/cp8, "
+                             f"not {cfg.parallelism.name}")
+        check_case(impl=b.impl, pattern=b.pattern, seq_len=b.seq_len, world_size=w, num_heads=m.num_heads,
+                   causal=b.causal, segment_lengths=list(b.segment_lengths), dilation_rates=list(b.dilation_rates),
+                   device_type=_device_type(cfg), sdpa_backend=b.sdpa_backend, batch_size=b.batch_size)
+
+    @classmethod
+    def headline(cls, cfg: DictConfig) -> list[Headline]:
+        at = f"@{cfg.benchmark.seq_len} tokens"
+        return [Headline("total_median_ms", f"fwd+bwd ms {at}" if cfg.benchmark.backward else f"fwd ms {at}"),
+                Headline("efficiency", f"efficiency T1/(W·T_W) {at}"),
+                Headline("tflops_per_gpu", f"TFLOP/s per GPU {at}"),
+                Headline("exposed_comm_fraction", f"exposed comm / time {at}")]
+
+    def run(self) -> BenchmarkResult:
+        from sweepbench.attention.runner import run_case
+
+        ctx, cfg, m = self.ctx, self.cfg, self.ctx.cfg.model
+        case, summary = run_case(
+            rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, seed=cfg.seed,
+            batch=cfg.batch_size, heads=m.num_heads, kv_heads=m.num_kv_heads, head_dim=m.hidden_size // m.num_heads,
+            seq_len=cfg.seq_len, dtype=cfg.dtype or m.dtype, causal=cfg.causal, backward=cfg.backward,
+            impl=cfg.impl, pattern=cfg.pattern, segment_lengths=list(cfg.segment_lengths),
+            dilation_rates=list(cfg.dilation_rates), sdpa_backend=cfg.sdpa_backend,
+            rotate_method=cfg.rotate_method, warmup=cfg.warmup, iters=cfg.iters, t1_iters=cfg.t1_iters)
+        return BenchmarkResult(cases=[case], summary=summary, verified=case["verified"],
+                               extra={"flop_count": case["flop_count_note"]})
+
+    @classmethod
+    def plots(cls, jobs: list[dict[str, Any]]) -> list[Plot]:
+        from sweepbench.attention.plots import scaling_plots
+
+        return [Plot(title, fig, caption) for title, fig, caption in scaling_plots(jobs)]
