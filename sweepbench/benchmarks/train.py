@@ -8,7 +8,9 @@ peak (on a CPU, over the matmul ceiling the job measures, since no CPU peak is t
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
@@ -55,6 +57,18 @@ def _max(per_rank: list[dict[str, Any]], key: str) -> Any:
     return max(values) if values else None
 
 
+def job_dir_of(ctx: Any) -> Path:
+    """The job directory: the context's, else the one this rank's log is in (both launchers send
+    a rank's stdout to <job>/logs/rank<N>.log), else the working directory."""
+    if getattr(ctx, "job_dir", None):
+        return Path(ctx.job_dir)
+    try:
+        log = Path(os.readlink("/proc/self/fd/1"))
+    except OSError:
+        return Path.cwd()
+    return log.parent.parent if log.parent.name == "logs" and log.name.startswith("rank") else Path.cwd()
+
+
 @register("train")
 class TrainBenchmark(Benchmark):
     schema = TrainConfig
@@ -98,13 +112,17 @@ class TrainBenchmark(Benchmark):
         from sweepbench.train.run import run_training
 
         ctx = self.ctx
-        r = run_training(ctx.cfg, rank=ctx.rank, device=ctx.device, job_dir=ctx.job_dir)
+        r = run_training(ctx.cfg, rank=ctx.rank, device=ctx.device, job_dir=job_dir_of(ctx))
         per_rank: list[Any] = [None] * ctx.world_size
         dist.all_gather_object(per_rank, r["memory"])
         stats, plan = r["stats"], r["plan"]
         on_peak = r["peak_flops"] is not None
         mfu = r["achieved_flops"] / (r["peak_flops"] if on_peak else r["ceiling_flops"])
-        summary = {
+        b = self.cfg
+        summary = {  # the recipe first (results.csv columns), then the rates, then memory
+            "seq_len": plan.seq_len, "global_batch": plan.global_batch, "micro_batch": plan.micro_batch,
+            "grad_accum": plan.num_micro, "precision": plan.precision, "ac": b.ac, "compile": b.compile,
+            "dp_shard": b.dp_shard, "lora_rank": b.lora_rank, "verify_layers": r["verify_layers"],
             "tokens_per_s": r["tokens_per_s"], "tokens_per_s_per_gpu": r["tokens_per_s"] / ctx.world_size,
             "mfu_pct": 100 * mfu, "fraction_of_ceiling": r["achieved_flops"] / r["ceiling_flops"],
             "achieved_tflops_per_gpu": r["achieved_flops"] / 1e12, "ceiling_tflops": r["ceiling_flops"] / 1e12,
