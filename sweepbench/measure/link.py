@@ -1,5 +1,10 @@
 """The physical limit, measured in the job itself: a short probe of the point-to-point and
-broadcast bandwidth among the job's ranks, so a result can say how close it came to the link."""
+broadcast bandwidth among the job's ranks, so a result can say how close it came to the link.
+
+On GPUs the probe also measures the copy engines: every rank pulls a buffer straight out of the
+next rank's memory (CUDA IPC, one device-to-device memcpy), so a strategy that moves bytes with
+copies instead of NCCL (``ipc``) is held to a floor measured the same way it moves them.
+``link_gbps`` is the faster of the two, the bandwidth a link floor should use."""
 
 from __future__ import annotations
 
@@ -26,7 +31,8 @@ def probe_links(*, nbytes: int, device: torch.device, warmup: int = 2, iters: in
     rank 0, in GB/s (1e9 B/s), checked on known data. Every rank of the default group calls it."""
     rank, world = dist.get_rank(), dist.get_world_size()
     if world < 2:
-        return {"p2p_gbps": float("inf"), "broadcast_gbps": float("inf"), "probe_bytes": nbytes}
+        return {"p2p_gbps": float("inf"), "broadcast_gbps": float("inf"), "link_gbps": float("inf"),
+                "probe_bytes": nbytes}
     numel = nbytes // 4
     send = torch.full((numel,), float(rank + 1), device=device)
     recv = torch.zeros(numel, device=device)
@@ -37,5 +43,35 @@ def probe_links(*, nbytes: int, device: torch.device, warmup: int = 2, iters: in
     bcast = summarize(time_iterations(lambda: dist.broadcast(buf, src=0), warmup=warmup, iters=iters,
                                       device=device))
     assert torch.all(buf == 7.0), "link probe: broadcast data arrived wrong"
-    return {"p2p_gbps": nbytes / p2p["median_s"] / 1e9, "broadcast_gbps": nbytes / bcast["median_s"] / 1e9,
-            "probe_bytes": nbytes}
+    out = {"p2p_gbps": nbytes / p2p["median_s"] / 1e9, "broadcast_gbps": nbytes / bcast["median_s"] / 1e9,
+           "probe_bytes": nbytes}
+    if device.type == "cuda":
+        out["copy_gbps"] = _probe_copy(send, recv, rank, world, device, warmup, iters)
+    out["link_gbps"] = max(out["p2p_gbps"], out.get("copy_gbps", 0.0))
+    return out
+
+
+def _probe_copy(send: torch.Tensor, recv: torch.Tensor, rank: int, world: int, device: torch.device,
+                warmup: int, iters: int) -> float:
+    """GB/s of a ring of peer pulls (rank r copies rank r+1's buffer into its own), among the ranks
+    of this rank's node: the copy-engine ceiling of a rank's ingress and egress. 0 when the next
+    rank is on another node (no IPC there)."""
+    from sweepbench.parallel import cuda_ipc
+
+    nodes = cuda_ipc.node_ids()
+    peer = (rank + 1) % world
+    same = nodes[peer] == nodes[rank]
+    send.fill_(float(rank + 1))
+    # the exchange (an NCCL all-gather, after the fill on every rank's stream) also orders the
+    # peer's fill before our pulls; nobody writes the pulled buffers afterwards
+    views = cuda_ipc.exchange({"probe": send}, wanted_from={peer} if same else set())
+
+    def pull() -> None:
+        if same:
+            recv.copy_(views[peer]["probe"])
+
+    stats = summarize(time_iterations(pull, warmup=warmup, iters=iters, device=device))
+    assert not same or torch.all(recv == float(peer + 1)), "link probe: copy-engine data arrived wrong"
+    ok = torch.tensor([1.0 if same else 0.0], device=device)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    return send.numel() * send.element_size() / stats["median_s"] / 1e9 if ok.item() else 0.0

@@ -11,7 +11,7 @@ DENSE = dict(name="tiny-dense", num_layers=4, hidden_size=64, num_heads=4, num_k
              ffn_hidden_size=128, vocab_size=128, dtype="bfloat16", num_experts=0, moe_top_k=0, seq_len=32)
 MOE = dict(name="tiny-moe", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=4,
            ffn_hidden_size=128, vocab_size=128, dtype="float16", num_experts=4, moe_top_k=2, seq_len=32)
-MODELS: dict[str, dict[str, Any]] = {"dense": DENSE, "moe": MOE}
+MODELS: dict[str, dict[str, Any]] = {"dense": DENSE, "moe": MOE, "dense_kv4": dict(DENSE, num_kv_heads=4)}
 
 # (case id, model, src ranks, src degrees, dst ranks, dst degrees); world has 8 ranks
 REFIT_CASES: list[tuple[str, str, range, dict[str, int], range, dict[str, int]]] = [
@@ -33,6 +33,16 @@ REFIT_CASES: list[tuple[str, str, range, dict[str, int], range, dict[str, int]]]
     ("ov-dense-tp2pp2-to-tp2dp2", "dense", range(4), dict(tp=2, pp=2), range(2, 6), dict(tp=2, dp=2)),
 ]
 
+# megatron-core's refit (a 4-rank world): tp2->tp1, tp1->tp2, tp2pp2->tp4 collocated, tp2->tp1
+# non-collocated, and an MoE model whose experts stay whole (ep1 on both sides)
+MEGATRON_CASES: list[tuple[str, str, range, dict[str, int], range, dict[str, int]]] = [
+    ("co-tp2-to-tp1", "dense", range(4), dict(tp=2, dp=2), range(4), dict(dp=4)),
+    ("co-tp1-to-tp2", "dense", range(4), dict(dp=4), range(4), dict(tp=2, dp=2)),
+    ("co-tp2pp2-to-tp4", "dense_kv4", range(4), dict(tp=2, pp=2), range(4), dict(tp=4)),
+    ("nc-tp2-to-tp1dp2", "dense", range(2), dict(tp=2), range(2, 4), dict(dp=2)),
+    ("co-moe-tp2-to-tp1", "moe", range(4), dict(tp=2, dp=2), range(4), dict(dp=4)),
+]
+
 # (strategy, balance, options)
 STRATEGY_CONFIGS: list[tuple[str, str, dict[str, Any]]] = [
     ("send_recv", "none", {}),
@@ -41,6 +51,8 @@ STRATEGY_CONFIGS: list[tuple[str, str, dict[str, Any]]] = [
     ("broadcast", "size", {}),
     ("broadcast", "order", {"bucket_bytes": 2048, "local_allgather": True}),
     ("naive", "none", {}),
+    ("pipeline", "size", {"bucket_bytes": 1024}),  # many stages: pack/unpack against transfers
+    ("pipeline", "none", {}),
 ]
 
 

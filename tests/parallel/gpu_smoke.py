@@ -1,4 +1,4 @@
-"""GPU check of the engine over NCCL (and the nvshmem strategy): not collected by pytest.
+"""GPU check of the engine over NCCL (and the nvshmem and ipc strategies): not collected by pytest.
 
 Run on a machine with N GPUs (every case whose ranks fit in N runs)::
 
@@ -32,6 +32,8 @@ from .cases import REFIT_CASES, RESHARD_CASES, STRATEGY_CONFIGS, refit_layouts, 
 GPU_CONFIGS: list[tuple[str, str, dict[str, Any]]] = STRATEGY_CONFIGS + [
     ("nvshmem", "size", {}),
     ("nvshmem", "none", {"symm_backend": "CUDA", "bucket_bytes": 4096}),
+    ("ipc", "size", {}),
+    ("ipc", "none", {"bucket_bytes": 4096}),
 ]
 
 

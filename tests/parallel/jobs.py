@@ -15,7 +15,7 @@ from sweepbench.parallel import (
     verify_shards,
 )
 
-from .cases import REFIT_CASES, RESHARD_CASES, STRATEGY_CONFIGS, refit_layouts, reshard_layouts
+from .cases import MODELS, REFIT_CASES, RESHARD_CASES, STRATEGY_CONFIGS, refit_layouts, reshard_layouts
 
 Result = tuple[str, str, str, str, list[str]]  # case, strategy, balance, options, problems
 
@@ -60,12 +60,12 @@ def reshard_job(rank: int, world_size: int, case_ids: list[str], seed: int) -> d
     return {"results": results, "digests": _gather_digests(digests)}
 
 
-def nvshmem_job(rank: int, world_size: int) -> str:
-    """The nvshmem strategy must refuse CPU-only setups with a RuntimeError on every rank."""
+def gpu_only_job(rank: int, world_size: int, strategy: str) -> str:
+    """A GPU-only strategy (nvshmem, ipc) must refuse CPU-only setups with a RuntimeError on every rank."""
     src, dst = reshard_layouts(RESHARD_CASES[0])
-    plan = plan_for(src, dst, strategy="nvshmem")
+    plan = plan_for(src, dst, strategy=strategy)
     try:
-        make_executor(plan, strategy="nvshmem")
+        make_executor(plan, strategy=strategy)
     except RuntimeError as e:
         return str(e)
     return "no error"
@@ -89,3 +89,23 @@ def execute_job(rank: int, world_size: int, seed: int) -> tuple[list[str], bool]
         executors.append(execute(plan, src_shards, dst_shards, strategy="broadcast", bucket_bytes=4096))
         problems += verify_shards(dst, rank, dst_shards, seed=seed)
     return problems, executors[0] is executors[1]
+
+
+def megatron_job(rank: int, world_size: int, case: tuple[Any, ...], seed: int) -> dict[str, Any]:
+    """megatron-core's refit between the case's layouts (gloo copy service): two poisoned,
+    swapped and checked iterations, and this rank's traffic."""
+    import torch
+
+    from sweepbench.parallel.impls import IMPLS
+
+    src, dst = refit_layouts(case)
+    transfer = IMPLS.get("megatron")(src, dst, model=MODELS[case[1]], backend="gloo", rank=rank,
+                                     device=torch.device("cpu"), seed=seed)
+    problems: list[str] = []
+    for _ in range(2):
+        transfer.poison()
+        if transfer.dst_boxes and not transfer.verify():
+            problems.append("poisoned weights passed the check")
+        transfer.step()
+        problems += transfer.verify()
+    return {"problems": problems, "traffic": transfer.traffic(), "digest": transfer.plan_digest}

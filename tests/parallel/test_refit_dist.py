@@ -44,6 +44,7 @@ def test_execute_entry_point_reuses_executor(world8: World) -> None:
     assert all(problems == [] and reused for problems, reused in out)
 
 
-def test_nvshmem_strategy_refuses_cpu(world8: World) -> None:
-    messages = world8.run(jobs.nvshmem_job)
-    assert all("needs CUDA" in m for m in messages), messages
+@pytest.mark.parametrize("strategy", ["nvshmem", "ipc"])
+def test_gpu_only_strategies_refuse_cpu(world8: World, strategy: str) -> None:
+    messages = world8.run(jobs.gpu_only_job, strategy)
+    assert all(m.startswith(f"strategy '{strategy}' needs CUDA") for m in messages), messages

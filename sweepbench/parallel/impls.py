@@ -1,0 +1,62 @@
+"""Refit implementations: ours and peers behind one interface, so one sweep times and verifies them
+the same way (``benchmark.impl=sweepbench,megatron``).
+
+An implementation is a builder ``build(src, dst, *, model, strategy, options, backend, device,
+seed) -> Transfer`` registered under a name; the benchmark times ``step`` with ``poison`` before
+and ``verify`` after every iteration. Importable without torch: names are declared with the
+module that registers them, and an optional peer names the module it needs and the install
+command, so a missing extra is refused on the driver before any rank starts."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, Protocol
+
+from .registry import Registry
+
+
+class Transfer(Protocol):
+    """One planned weight transfer on this rank, ready to run (every rank holds one)."""
+
+    plan_digest: str  # identifies the plan (same on every rank)
+
+    def step(self) -> None:
+        """Move the weights (collective: every rank calls it)."""
+
+    def poison(self) -> None:
+        """Overwrite the destination weights (NaN) so a step that moves nothing cannot verify."""
+
+    def verify(self) -> list[str]:
+        """Bit-exact check of this rank's destination weights; one line per problem."""
+
+    def traffic(self) -> tuple[int, int]:
+        """(bytes this rank sends, bytes it receives) over links."""
+
+
+IMPLS: Registry[Any] = Registry("refit implementation")
+IMPLS.declare("sweepbench", f"{__package__}.native")
+IMPLS.declare("megatron", f"{__package__}.megatron_refit")
+
+# impl -> (module it imports, the command that installs it)
+REQUIRES: dict[str, tuple[str, str]] = {"megatron": ("megatron.core", 'pip install "sweepbench[megatron]"')}
+
+
+def missing(impl: str) -> str | None:
+    """Why ``impl`` cannot run in this interpreter (one line), or None when it can."""
+    need = REQUIRES.get(impl)
+    if need is None:
+        return None
+    try:
+        found = importlib.util.find_spec(need[0]) is not None
+    except ImportError:  # the parent package is missing (or an import hook refuses it)
+        found = False
+    return None if found else f"benchmark.impl={impl} needs {need[0]}, which is not installed; install it with: {need[1]}"
+
+
+def check_impl(impl: str) -> None:
+    """ValueError (one line) for an unknown implementation or one whose extra is not installed."""
+    if impl not in IMPLS:
+        raise ValueError(f"benchmark.impl={impl!r}; valid: {', '.join(IMPLS.names())}")
+    why = missing(impl)
+    if why:
+        raise ValueError(why)
