@@ -53,6 +53,9 @@ def composed() -> None:
 
 def main() -> None:
     global _raise_compose_errors
+    from sweepbench.report.cli import maybe_run  # `sweepbench report|compare ...`; imported lazily
+    if maybe_run():
+        return
     register_sweeper()
     store_schemas()
     load_all()

@@ -104,8 +104,9 @@ class SweepConfig:
 class FaultConfig:
     """Fault injection, off by default: check failure handling end to end."""
 
-    kind: str = "none"  # none | raise | exit | kill | segfault | hang | hang_until_requeued
+    kind: str = "none"  # none | raise | exit | kill | segfault | hang | hang_until_requeued | slow
     rank: int = 0  # which rank misbehaves
+    factor: float = 1.0  # kind=slow: each timed iteration of that rank takes factor x as long
 
 
 @dataclass

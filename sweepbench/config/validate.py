@@ -9,7 +9,8 @@ from typing import Callable
 import torch
 from omegaconf import DictConfig
 
-from sweepbench.launch.faults import FAULTS
+from sweepbench.launch.faults import FAULTS, check_fault_factor
+from sweepbench.record.wandb_run import check_wandb_names
 
 BACKENDS = ("auto", "gloo", "nccl", "nvshmem")
 GPU_BACKENDS = ("nccl", "nvshmem")
@@ -116,6 +117,7 @@ def _check_parallelism(cfg: DictConfig) -> None:
 
 CHECKS: tuple[Callable[[DictConfig], None], ...] = (
     _check_positive, _check_choices, _check_model, _check_parallelism, _check_backend,
+    check_fault_factor, check_wandb_names,
 )
 
 

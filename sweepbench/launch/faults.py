@@ -3,7 +3,10 @@
 ``raise`` raises, ``exit`` calls os._exit(3), ``kill`` SIGKILLs the rank, ``segfault`` crashes
 it in C, ``hang`` never returns (the job's time bound must end it), and ``hang_until_requeued``
 hangs on a job's first start only: once SLURM restarts the job (``scontrol requeue``, a
-preemption, a requeue on time-out) it runs normally, so a requeue can be checked end to end."""
+preemption, a requeue on time-out) it runs normally, so a requeue can be checked end to end.
+``slow`` makes every timed iteration of the rank take ``fault.factor`` times as long (a sleep
+inside the timed region, ``measure.timing.slow_down``), to check that ``sweepbench compare``
+flags a known slowdown."""
 
 from __future__ import annotations
 
@@ -48,12 +51,28 @@ def _hang_until_requeued(rank: int) -> None:
         _hang(rank)
 
 
+def _slow(rank: int) -> None:
+    """Nothing happens at start: maybe_inject_fault hands fault.factor to the timing loop."""
+
+
 FAULTS: dict[str, Callable[[int], None]] = {
     "raise": _raise, "exit": _exit, "kill": _kill, "segfault": _segfault, "hang": _hang,
-    "hang_until_requeued": _hang_until_requeued,
+    "hang_until_requeued": _hang_until_requeued, "slow": _slow,
 }
+
+
+def check_fault_factor(cfg: DictConfig) -> None:
+    """fault.factor slows timed iterations down: >= 1, and only with fault.kind=slow."""
+    factor = cfg.fault.factor
+    if factor < 1 or (factor != 1 and cfg.fault.kind != "slow"):
+        raise ValueError(f"fault.factor={factor} needs fault.kind=slow and a value >= 1 "
+                         f"(1.3: every timed iteration takes 1.3x as long)")
 
 
 def maybe_inject_fault(cfg: DictConfig, rank: int) -> None:
     if cfg.fault.kind != "none" and cfg.fault.rank == rank:
+        if cfg.fault.factor != 1:  # fault.kind=slow (validated): the timing loop sleeps
+            from sweepbench.measure.timing import slow_down
+
+            slow_down(cfg.fault.factor)
         FAULTS[cfg.fault.kind](rank)

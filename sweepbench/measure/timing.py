@@ -12,6 +12,26 @@ import torch.distributed as dist
 
 Hook = Callable[[], None]
 
+# fault.kind=slow (launch.faults): every timed iteration of this rank takes this many times as long
+_slowdown = 1.0
+
+
+def slow_down(factor: float) -> None:
+    global _slowdown
+    _slowdown = factor
+
+
+def _slowed(step: Hook, device: torch.device) -> Hook:
+    """``step`` followed, inside the timed region, by a sleep of (factor - 1) x its own time."""
+    def slow_step() -> None:
+        tic = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        time.sleep((_slowdown - 1) * (time.perf_counter() - tic))
+
+    return slow_step
+
 
 def _nothing() -> None:
     pass
@@ -58,6 +78,8 @@ def time_iterations(
         before()
         step()
         after()
+    if _slowdown != 1:
+        step = _slowed(step, device)
     if device.type == "cuda":
         torch.cuda.synchronize()
         times = _time_cuda(step, iters, before, after)

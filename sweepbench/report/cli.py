@@ -1,0 +1,111 @@
+"""The ``report`` and ``compare`` sub-commands of ``sweepbench`` / ``python -m sweepbench``.
+
+``maybe_run(argv)`` is called first thing by the main entry point: when the first argument is a
+sub-command it runs it and returns True; otherwise the arguments are Hydra's (``key=value``,
+``-m``) and it returns False without importing anything heavy."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+COMMANDS = ("report", "compare")
+
+
+def _parser() -> argparse.ArgumentParser:
+    from sweepbench.report.stats import Thresholds
+
+    d = Thresholds()
+    parser = argparse.ArgumentParser(prog="sweepbench", description="Reports and comparisons of sweeps "
+                                     "(any other arguments are Hydra overrides: sweepbench -m key=a,b).")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    rep = sub.add_parser("report", help="write the HTML report of one or more sweeps")
+    rep.add_argument("sweeps", nargs="+", type=Path, help="sweep directories (or jobs files)")
+    rep.add_argument("-o", "--out", type=Path, help="the HTML file (default: <first sweep>/report.html)")
+    rep.add_argument("--save-jobs", type=Path, metavar="FILE",
+                     help="also write the first sweep's job records to one JSON file (a reference to compare against)")
+    rep.add_argument("--wandb", action="store_true",
+                     help="publish a saved wandb workspace view of the sweep (needs `wandb login` and "
+                          "the runs synced; pip install 'sweepbench[workspaces]')")
+    rep.add_argument("--baseline", help="with --wandb: the run name (tag) to pin as the baseline")
+
+    cmp = sub.add_parser("compare", help="per job and case: faster / slower / unchanged / unstable")
+    cmp.add_argument("baseline", type=Path, help="a sweep directory or a jobs file")
+    cmp.add_argument("candidate", type=Path, help="a sweep directory or a jobs file")
+    cmp.add_argument("--on", help="join jobs by these config columns (comma-separated, e.g. "
+                                  "parallelism,benchmark.strategy) instead of their whole config")
+    cmp.add_argument("-o", "--out", type=Path, help="folder for compare.csv and compare.html "
+                                                    "(default: the candidate sweep's directory)")
+    cmp.add_argument("--fail-on-regression", action="store_true",
+                     help="exit 1 when a case is slower (or a candidate job failed where the baseline's was ok)")
+    cmp.add_argument("--min-change", type=float, default=d.min_change, help=f"smallest change reported (default {d.min_change})")
+    cmp.add_argument("--noise-factor", type=float, default=d.noise_factor,
+                     help=f"x the baseline's robust noise, IQR/(1.349 median), in the threshold (default {d.noise_factor})")
+    cmp.add_argument("--p-value", type=float, default=d.p_value, help=f"Mann-Whitney U level (default {d.p_value})")
+    cmp.add_argument("--max-cv", type=float, default=d.max_cv, help=f"CV above which a side is unstable (default {d.max_cv})")
+    cmp.add_argument("--max-spread", type=float, default=d.max_spread,
+                     help=f"max/median above which a side is unstable (default {d.max_spread})")
+    return parser
+
+
+def _report(args: argparse.Namespace) -> int:
+    from sweepbench.report.load import load_sweep, save_jobs_file
+    from sweepbench.report.page import write_report
+
+    out = write_report(args.sweeps, args.out)
+    print(f"sweepbench: report written to {out}")
+    if args.save_jobs:
+        print(f"sweepbench: job records written to {save_jobs_file(load_sweep(args.sweeps[0]), args.save_jobs)}")
+    if args.wandb:
+        from sweepbench.report.workspace import publish_workspace
+
+        return publish_workspace(load_sweep(args.sweeps[0]), baseline=args.baseline)
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from sweepbench.report.compare import compare_sweeps, write_comparison
+    from sweepbench.report.load import load_sweep
+    from sweepbench.report.stats import Thresholds
+
+    thresholds = Thresholds(min_change=args.min_change, noise_factor=args.noise_factor, p_value=args.p_value,
+                            max_cv=args.max_cv, max_spread=args.max_spread)
+    baseline, candidate = load_sweep(args.baseline), load_sweep(args.candidate)
+    on = [c.strip() for c in args.on.split(",") if c.strip()] if args.on else None
+    comparison = compare_sweeps(baseline, candidate, on=on, thresholds=thresholds)
+    out_dir = args.out or (args.candidate if args.candidate.is_dir() else Path.cwd())
+    csv_path, html_path = write_comparison(comparison, baseline, candidate, thresholds, out_dir)
+    for row in comparison.rows:
+        if row["verdict"] not in ("unchanged",):
+            ratio = f"{row['ratio']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}] p={row['p_value']:.2g}" \
+                if row.get("ratio") is not None else row.get("note", "")
+            print(f"{row['verdict']:>12}  {row['candidate_tag']}  {row['case']}  {ratio}")
+    counts = ", ".join(f"{v}: {comparison.count(v)}" for v in
+                       ("slower", "faster", "~", "unstable", "unchanged", "failed", "not compared") if comparison.count(v))
+    print(f"sweepbench compare: {len(comparison.rows)} cases ({counts or 'none'}); "
+          f"{len(comparison.unmatched)} jobs without a twin\n  {csv_path}\n  {html_path}")
+    if args.fail_on_regression and comparison.regressions:
+        print(f"sweepbench: error: {len(comparison.regressions)} regressions (--fail-on-regression)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    args = _parser().parse_args(list(argv))
+    try:
+        return _report(args) if args.command == "report" else _compare(args)
+    except ValueError as err:  # bad input: one line, exit 2, as everywhere in sweepbench
+        print(f"sweepbench: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+
+
+def maybe_run(argv: Sequence[str] | None = None) -> bool:
+    """Run a sub-command (and exit with its status) if ``argv`` (default: the command line's
+    arguments) starts with one; else False."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in COMMANDS:
+        return False
+    sys.exit(main(argv))

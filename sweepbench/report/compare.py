@@ -1,0 +1,191 @@
+"""``sweepbench compare BASELINE CANDIDATE``: join the jobs of two sweeps and give a verdict per job
+and case (see ``stats`` for the rule), written to compare.csv and compare.html.
+
+Jobs are joined by their resolved config without the keys that do not define the measurement
+(the output-only keys and ``fault``, so a job slowed down on purpose compares against its clean
+twin), or by the config columns the user names (``--on parallelism,benchmark.strategy``). Cases
+inside a joined pair are matched by their identity (``cases.case_identity``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from sweepbench.record.atomic import write_atomic
+from sweepbench.report.cases import case_identity, case_labels
+from sweepbench.report.load import Sweep
+from sweepbench.report.plotting import config_value, figure_svg, heatmap
+from sweepbench.report.stats import Thresholds, compare_samples
+
+# what a job's config holds that does not change what is measured
+NOT_MEASUREMENT = frozenset({"hydra", "wandb", "launch", "sweep", "fault"})
+CSV_COLUMNS = ("benchmark", "baseline_tag", "candidate_tag", "case", "verdict", "ratio", "ci_low", "ci_high",
+               "p_value", "threshold", "baseline_noise", "baseline_median_s", "candidate_median_s", "baseline_cv", "candidate_cv",
+               "baseline_spread", "candidate_spread", "unstable", "n_baseline", "n_candidate", "note")
+
+
+def column_value(job: dict[str, Any], column: str) -> Any:
+    """A join column: a metrics key (``world_size``, ``backend``), a dotted config key, a group
+    name (``parallelism`` -> ``parallelism.name``) or a benchmark/parallelism field (``strategy``, ``tp``)."""
+    if column in ("world_size", "backend", "benchmark") and job.get(column) is not None:
+        return job[column]
+    for dotted in (column, f"{column}.name", f"benchmark.{column}", f"parallelism.{column}"):
+        value = config_value(job, dotted, default=_MISSING)
+        if value is not _MISSING and not isinstance(value, dict):
+            return value
+    raise ValueError(f"--on column {column!r} is not in job {job.get('tag')}'s config "
+                     f"(use a dotted config key such as parallelism.tp or benchmark.strategy)")
+
+
+_MISSING = object()
+
+
+def join_key(job: dict[str, Any], on: Sequence[str] | None) -> str:
+    if on:
+        return json.dumps({c: column_value(job, c) for c in on}, sort_keys=True, default=str)
+    config = {k: v for k, v in (job.get("config") or {}).items() if k not in NOT_MEASUREMENT}
+    if not config:  # a job that crashed before recording its config can only be joined by tag
+        return json.dumps({"tag": job.get("tag")})
+    return json.dumps(config, sort_keys=True, default=str)
+
+
+def _index(sweep: Sweep, on: Sequence[str] | None, side: str) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for job in sweep.jobs:
+        key = join_key(job, on)
+        if key in out:
+            raise ValueError(f"{side} jobs {out[key].get('tag')} and {job.get('tag')} have the same join key "
+                             f"{key if on else '(config)'}; name columns that tell them apart with --on")
+        out[key] = job
+    return out
+
+
+@dataclass
+class Comparison:
+    rows: list[dict[str, Any]]
+    unmatched: list[str] = field(default_factory=list)
+
+    def count(self, verdict: str) -> int:
+        return sum(1 for r in self.rows if r["verdict"] == verdict)
+
+    @property
+    def regressions(self) -> list[dict[str, Any]]:
+        """Rows that fail ``--fail-on-regression``: slower cases, and candidate jobs that failed
+        where the baseline's twin was ok."""
+        return [r for r in self.rows if r["verdict"] in ("slower", "failed")]
+
+
+def _job_rows(base: dict[str, Any], cand: dict[str, Any], th: Thresholds) -> list[dict[str, Any]]:
+    common = {"benchmark": cand.get("benchmark") or base.get("benchmark"),
+              "baseline_tag": base.get("tag"), "candidate_tag": cand.get("tag")}
+    if cand.get("status") != "ok" or base.get("status") != "ok":
+        failed = "candidate" if cand.get("status") != "ok" else "baseline"
+        job = cand if failed == "candidate" else base
+        verdict = "failed" if failed == "candidate" and base.get("status") == "ok" else "not compared"
+        return [{**common, "case": "", "verdict": verdict,
+                 "note": f"{failed} job {job.get('status')}: {job.get('error') or ''}".strip()}]
+    base_cases = {case_identity(c): c for c in base["results"].get("cases", [])}
+    cand_cases = cand["results"].get("cases", [])
+    labels = case_labels(cand_cases)
+    rows = []
+    for label, case in zip(labels, cand_cases):
+        twin = base_cases.get(case_identity(case))
+        if twin is None or not twin.get("times_s") or not case.get("times_s"):
+            rows.append({**common, "case": label, "verdict": "not compared",
+                         "note": "no matching case in the baseline" if twin is None else "no per-iteration times"})
+            continue
+        v = compare_samples(twin["times_s"], case["times_s"], th)
+        note = ""
+        if min(v.n_baseline, v.n_candidate) < 7:
+            note = "fewer than 7 iterations a side: the test can never reach p < 0.002"
+        rows.append({**common, "case": label, **v.as_dict(), "note": note})
+    return rows
+
+
+def compare_sweeps(baseline: Sweep, candidate: Sweep, *, on: Sequence[str] | None = None,
+                   thresholds: Thresholds = Thresholds()) -> Comparison:
+    base_index, cand_index = _index(baseline, on, "baseline"), _index(candidate, on, "candidate")
+    rows: list[dict[str, Any]] = []
+    unmatched = [f"baseline only: {j.get('tag')}" for k, j in base_index.items() if k not in cand_index]
+    for key, cand in cand_index.items():
+        if key not in base_index:
+            unmatched.append(f"candidate only: {cand.get('tag')}")
+            continue
+        rows.extend(_job_rows(base_index[key], cand, thresholds))
+    return Comparison(rows, unmatched)
+
+
+def to_csv(comparison: Comparison) -> str:
+    import pandas as pd
+
+    frame = pd.DataFrame(comparison.rows, columns=list(CSV_COLUMNS))
+    buf = io.StringIO()
+    frame.to_csv(buf, index=False)
+    return buf.getvalue()
+
+
+def _figures(comparison: Comparison) -> list[Any]:
+    from sweepbench.report.page import Fig
+
+    figs = []
+    benches = sorted({str(r["benchmark"]) for r in comparison.rows if r.get("ratio") is not None})
+    for n, bench in enumerate(benches):
+        rows = [r for r in comparison.rows if r["benchmark"] == bench and r.get("ratio") is not None]
+        jobs = list(dict.fromkeys(str(r["candidate_tag"]) for r in rows))
+        cases = list(dict.fromkeys(str(r["case"]) for r in rows))
+        grid: list[list[float | None]] = [[None] * len(cases) for _ in jobs]
+        for r in rows:
+            grid[jobs.index(str(r["candidate_tag"]))][cases.index(str(r["case"]))] = r["ratio"]
+        transpose = len(cases) > len(jobs) and len(cases) > 8  # many cases read better as rows
+        fig = heatmap([list(c) for c in zip(*grid)] if transpose else grid,
+                      rows=cases if transpose else jobs, cols=jobs if transpose else cases,
+                      center=1.0, cbar_label="median ratio (candidate / baseline)", fmt="{:.2f}",
+                      title=f"{bench}: candidate / baseline (red = slower)")
+        figs.append(Fig(f"{bench} ratio heatmap", figure_svg(fig, prefix=f"cmp{n}"),
+                        "ratio of median per-iteration times; 1 = unchanged, diverging scale centred at 1"))
+    return figs
+
+
+def _fmt_cell(key: str, value: Any) -> Any:
+    from sweepbench.report.page import Cell, fmt
+
+    if key == "verdict":
+        return Cell(str(value), "tilde" if value == "~" else str(value).replace(" ", "-"))
+    if key in ("ci_low", "ci_high", "ratio", "threshold") and isinstance(value, float):
+        return Cell(f"{value:.3f}", "num")
+    if key == "p_value" and isinstance(value, float):
+        return Cell(f"{value:.2g}", "num")
+    return Cell(fmt(value), "num" if isinstance(value, (int, float)) and not isinstance(value, bool) else "")
+
+
+def render_comparison(comparison: Comparison, baseline: Sweep, candidate: Sweep, thresholds: Thresholds) -> str:
+    from sweepbench.report.template import render
+
+    shown = ("benchmark", "candidate_tag", "case", "verdict", "ratio", "ci_low", "ci_high", "p_value",
+             "threshold", "baseline_median_s", "candidate_median_s", "baseline_cv", "candidate_cv",
+             "unstable", "note")
+    rows = [[_fmt_cell(k, r.get(k)) for k in shown] for r in comparison.rows]
+    counts = [(v, comparison.count(v)) for v in ("slower", "faster", "~", "unstable", "unchanged", "failed",
+                                                  "not compared") if comparison.count(v)]
+    t = thresholds
+    rule = (f"slower/faster: ratio of medians beyond 1 + max({t.min_change:g}, {t.noise_factor:g} x the baseline's noise, "
+            f"IQR/(1.349 median)) "
+            f"and Mann-Whitney U p < {t.p_value:g}; ~: the ratio crosses but the test does not; unstable: a side's "
+            f"CV > {t.max_cv:g} or max/median > {t.max_spread:g}. Interval: bootstrap 95% of the ratio.")
+    meta = [("baseline", f"{baseline.path} ({baseline.date})"), ("candidate", f"{candidate.path} ({candidate.date})")]
+    return render("compare.html", title=f"sweepbench compare: {baseline.name} -> {candidate.name}",
+                  generated=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+                  meta=meta, counts=counts, rule=rule, figures=_figures(comparison),
+                  columns=[c.replace("_", " ") for c in shown], rows=rows, unmatched=comparison.unmatched)
+
+
+def write_comparison(comparison: Comparison, baseline: Sweep, candidate: Sweep, thresholds: Thresholds,
+                     out_dir: Path) -> tuple[Path, Path]:
+    csv_path, html_path = out_dir / "compare.csv", out_dir / "compare.html"
+    write_atomic(csv_path, to_csv(comparison))
+    write_atomic(html_path, render_comparison(comparison, baseline, candidate, thresholds))
+    return csv_path, html_path

@@ -1,0 +1,207 @@
+"""The sweep report: one self-contained HTML file per sweep (or several sweeps in one page).
+
+What a benchmark shows is asked of the benchmark itself, through the registry: its headline
+columns (``Benchmark.headline``) and its figures (``Benchmark.plots``). The report adds what
+holds for every benchmark: the sweep's command and machine, the results table, the failed jobs
+with their error, and each job's per-iteration times, so that noise is visible."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from omegaconf import OmegaConf
+
+from sweepbench.record.atomic import write_atomic
+from sweepbench.report.cases import case_labels
+from sweepbench.report.load import Sweep, load_sweep
+from sweepbench.report.plotting import config_value, distribution_plot, figure_svg
+from sweepbench.report.template import render
+
+log = logging.getLogger(__name__)
+
+REPORT_FILE = "report.html"
+CONFIG_COLUMNS = ("benchmark.name", "model.name", "parallelism.name", "backend.name", "mode.name")
+MAX_BOXES = 24  # per-iteration figure of a job: at most this many cases (the slowest ones)
+
+
+@dataclass
+class Cell:
+    text: str
+    cls: str = ""
+
+
+@dataclass
+class Fig:
+    title: str
+    svg: str
+    caption: str = ""
+
+
+class _Ids:
+    """Unique prefixes for the SVG ids of every figure of one page."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self) -> str:
+        self.n += 1
+        return f"fig{self.n}"
+
+
+def fmt(value: Any) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _benchmark(name: str | None) -> Any:
+    from sweepbench.benchmarks.registry import get_benchmark
+
+    try:
+        return get_benchmark(name) if name else None
+    except ValueError:  # a sweep recorded by a benchmark this install does not have
+        return None
+
+
+def headlines(job: dict[str, Any]) -> list[tuple[str, str]]:
+    """(summary key, label) of a job: its benchmark's ``headline(cfg)``, or its first summary
+    numbers when the benchmark declares none."""
+    bench = _benchmark(job.get("benchmark") or config_value(job, "benchmark.name"))
+    if bench is not None and job.get("config"):
+        try:
+            return [(h.key, h.label) for h in bench.headline(OmegaConf.create(job["config"]))]
+        except Exception as err:  # a hook's bug must not cost the whole report
+            log.warning("headline() of %s: %s", job.get("tag"), err)
+    summary = (job.get("results") or {}).get("summary") or {}
+    keys = [k for k in summary if k.endswith(("_s", "_gbps", "_per_s", "fraction_of_link"))][:3]
+    return [(k, k) for k in keys]
+
+
+def _tag_key_columns(jobs: Iterable[dict[str, Any]]) -> list[str]:
+    cols: list[str] = []
+    for job in jobs:
+        bench = _benchmark(job.get("benchmark") or config_value(job, "benchmark.name"))
+        for key in getattr(bench, "tag_keys", ()):
+            if f"benchmark.{key}" not in cols:
+                cols.append(f"benchmark.{key}")
+    return cols
+
+
+def results_table(jobs: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[Cell]]]:
+    config_cols = [*CONFIG_COLUMNS, *_tag_key_columns(jobs)]
+    heads: dict[str, str] = {}
+    for job in jobs:
+        for key, label in headlines(job):
+            heads.setdefault(label, key)
+    columns = ["tag", "status", *[c.split(".")[0] if c.endswith(".name") else c for c in config_cols],
+               "world size", *heads, "verified", "wall time (s)", "error"]
+    rows = []
+    for job in jobs:
+        summary = (job.get("results") or {}).get("summary") or {}
+        row = [Cell(str(job.get("tag"))), Cell(str(job.get("status")), str(job.get("status")))]
+        row += [Cell(fmt(config_value(job, c))) for c in config_cols]
+        row.append(Cell(fmt(job.get("world_size")), "num"))
+        row += [Cell(fmt(summary.get(key)), "num") for key in heads.values()]
+        row += [Cell(fmt(job.get("verified"))), Cell(fmt(job.get("wall_time_s")), "num"),
+                Cell(job.get("error") or "", "error")]
+        rows.append(row)
+    return columns, rows
+
+
+def sweep_meta(sweep: Sweep) -> list[tuple[str, str]]:
+    env = sweep.env()
+    git = env.get("git") or {}
+    gpus = env.get("gpus") or {}
+    commit = git.get("commit") or "unknown"
+    if git.get("dirty"):
+        commit += " (uncommitted changes)"
+    gpu_text = "none"
+    if gpus.get("count"):
+        names = sorted(set(gpus.get("names") or []))
+        gpu_text = f"{gpus['count']} x {', '.join(names)}" + (f" (driver {gpus['driver']})" if gpus.get("driver") else "")
+    slurm = (env.get("slurm") or {}).get("job_id")
+    meta = [("directory", str(sweep.path)), ("command", sweep.command or "unknown"), ("date", sweep.date or "unknown"),
+            ("git commit", commit), ("host", str(env.get("host", "unknown"))),
+            ("platform", str(env.get("platform", "unknown"))), ("CPUs", fmt(env.get("cpu_count"))),
+            ("GPUs", gpu_text),
+            ("software", f"python {env.get('python')}, torch {env.get('torch')}, CUDA {env.get('cuda')}, "
+                         f"NCCL {env.get('nccl')}")]
+    if slurm:
+        meta.append(("SLURM job", str(slurm)))
+    return meta
+
+
+def benchmark_figures(name: str, jobs: list[dict[str, Any]], ids: _Ids) -> tuple[list[Fig], list[str]]:
+    """The benchmark's own figures from its ``plots`` hook; a failing hook becomes a note."""
+    bench = _benchmark(name)
+    if bench is None:
+        return [], [f"benchmark {name!r} is not installed here: no figures"]
+    try:
+        plots = bench.plots(jobs)
+    except Exception as err:
+        log.warning("plots() of %s failed: %s", name, err)
+        return [], [f"{name}.plots() failed: {type(err).__name__}: {err}"]
+    return [Fig(p.title, figure_svg(p.figure, prefix=ids()), p.caption) for p in plots], []
+
+
+def distribution_figures(jobs: Iterable[dict[str, Any]], ids: _Ids) -> list[Fig]:
+    figs = []
+    for job in jobs:
+        cases = [c for c in ((job.get("results") or {}).get("cases") or []) if c.get("times_s")]
+        if job.get("status") != "ok" or not cases:
+            continue
+        labels = case_labels(cases)
+        if len(cases) > MAX_BOXES:  # the slowest cases: where noise costs the most
+            keep = sorted(range(len(cases)), key=lambda i: -cases[i].get("median_s", 0))[:MAX_BOXES]
+            cases, labels = [cases[i] for i in sorted(keep)], [labels[i] for i in sorted(keep)]
+        samples = {label: case["times_s"] for label, case in zip(labels, cases)}
+        fig = distribution_plot(samples)  # the tag is the caption: it is too long for a title
+        figs.append(Fig(str(job.get("tag")), figure_svg(fig, prefix=ids()),
+                        f"{len(cases)} cases, {len(cases[0]['times_s'])} timed iterations each"))
+    return figs
+
+
+def sweep_section(sweep: Sweep, ids: _Ids) -> dict[str, Any]:
+    columns, rows = results_table(sweep.jobs)
+    by_bench: dict[str, list[dict[str, Any]]] = {}
+    for job in sweep.jobs:
+        name = job.get("benchmark") or config_value(job, "benchmark.name")
+        if name:
+            by_bench.setdefault(name, []).append(job)
+    benchmarks = []
+    for name, jobs in by_bench.items():
+        figures, notes = benchmark_figures(name, jobs, ids)
+        benchmarks.append({"name": name, "figures": figures, "notes": notes})
+    failed = [{"tag": j.get("tag"), "status": j.get("status"), "error": j.get("error") or "(no error recorded)"}
+              for j in sweep.jobs if j.get("status") != "ok"]
+    return {"name": sweep.name, "meta": sweep_meta(sweep), "columns": columns, "rows": rows,
+            "num_jobs": len(sweep.jobs), "num_ok": len(sweep.jobs) - len(failed), "failed": failed,
+            "benchmarks": benchmarks, "distributions": distribution_figures(sweep.jobs, ids)}
+
+
+def render_report(sweeps: Sequence[Sweep]) -> str:
+    ids = _Ids()
+    title = f"sweepbench report: {', '.join(s.name for s in sweeps)}"
+    generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return render("report.html", title=title, generated=generated,
+                  sweeps=[sweep_section(s, ids) for s in sweeps])
+
+
+def write_report(paths: Sequence[str | Path], out: str | Path | None = None) -> Path:
+    """Render the report of one or more sweeps; by default ``<first sweep>/report.html``."""
+    sweeps = [load_sweep(p) for p in paths]
+    out = Path(out) if out else Path(paths[0]) / REPORT_FILE
+    write_atomic(out, render_report(sweeps))
+    return out
+
+
+def write_sweep_report(sweep_dir: str | Path) -> Path:
+    """The end-of-sweep report (``<sweep>/report.html``), called by the sweep driver."""
+    return write_report([sweep_dir])
