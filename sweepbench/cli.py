@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import hydra
@@ -13,7 +14,25 @@ from sweepbench.benchmarks.registry import load_all
 from sweepbench.config.store import store_schemas
 
 
-@hydra.main(version_base="1.3", config_path="pkg://sweepbench.conf", config_name="config")
+def config_source() -> str:
+    """Where the config groups are: the installed package ``sweepbench.conf`` (a wheel ships
+    ``conf/`` under that name), else the checkout's top-level ``conf/``. The checkout case is
+    ``python -m sweepbench`` typed in the clone: its ``./sweepbench`` folder shadows the installed
+    package and has no ``conf/`` of its own."""
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("sweepbench.conf") is not None:
+            return "pkg://sweepbench.conf"
+    except ImportError:
+        pass
+    checkout = Path(__file__).resolve().parents[1] / "conf"
+    if (checkout / "config.yaml").is_file():
+        return str(checkout)
+    return "pkg://sweepbench.conf"  # Hydra then says what is missing
+
+
+@hydra.main(version_base="1.3", config_path=config_source(), config_name="config")
 def _hydra_main(cfg: DictConfig) -> dict[str, Any] | None:
     from sweepbench.job import run
 

@@ -209,7 +209,10 @@ def test_typo_in_an_option_file_fails_at_compose(compose, tmp_path: Path) -> Non
 CLI_ERRORS = {
     "tp-heads-in-2nd-job": ([COLLECTIVE, "parallelism=tp2,tp8", "model=small"],
                             ["parallelism.tp=8", "model.num_heads=12", "parallelism=tp8 model=small)"]),
-    "typo-key": ([COLLECTIVE, "benchmark.iterz=3"], ["benchmark.iterz", "Key 'iterz' not in 'CollectiveConfig'"]),
+    "typo-key": ([COLLECTIVE, "benchmark.iterz=3"], ["unknown key benchmark.iterz: did you mean benchmark.iters?"]),
+    "typo-group": ([COLLECTIVE, "parallelsm=tp2"], ["unknown key parallelsm: did you mean parallelism?"]),
+    "typo-option": ([COLLECTIVE, "benchmark=colective"],
+                    ["benchmark=colective is not an option of benchmark; did you mean collective? (valid: collective,"]),
 }
 if visible_gpus() == 0:
     CLI_ERRORS["nccl-no-gpu"] = ([COLLECTIVE, "backend=gloo,nccl", "parallelism=tp1"], ["backend=nccl needs a GPU"])
@@ -227,6 +230,7 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path: Path, case: str) -> None:
     assert lines[0].startswith("sweepbench: error: "), lines[0]
     for part in expected:
         assert part in lines[0], f"{part!r} not in {lines[0]!r}"
+    assert "base_" not in lines[0] and "search path" not in lines[0], lines[0]  # no internals
     assert not sweep_dir.exists(), "a bad sweep created its sweep dir"
     assert list(cwd.iterdir()) == [], f"a bad sweep wrote {list(cwd.iterdir())}"
     assert "Launching" not in run.stdout, "a job was launched before the sweep was validated"

@@ -34,7 +34,8 @@ def tag_of(cfg) -> str:
 def test_default_tag_shape(compose) -> None:
     cfg = compose()
     tag = tag_of(cfg)
-    assert tag == f"collective_tiny_tp2_auto_collocated_ws2_{config_hash(cfg)}"
+    # collective's tag_groups leave out mode, which means nothing to it
+    assert tag == f"collective_tiny_tp2_auto_ws2_{config_hash(cfg)}"
     assert HEX.match(tag[-HASH_LEN:])
 
 
@@ -100,8 +101,10 @@ def test_tag_format_override(compose) -> None:
     default = compose()
     cfg = compose("sweep.tag_format='{model}-{parallelism}-ws{world_size}-{hash}'")
     assert tag_of(cfg) == f"tiny-tp2-ws2-{config_hash(default)}"
-    cfg = compose("sweep.tag_format='{hash}.{benchmark}.{mode}'")
-    assert tag_of(cfg) == f"{config_hash(default)}.collective.collocated"
+    cfg = compose("sweep.tag_format='{hash}.{benchmark}.{backend}'")
+    assert tag_of(cfg) == f"{config_hash(default)}.collective.auto"
+    cfg = compose("sweep.tag_format='{hash}.{benchmark}.{mode}'")  # a group the benchmark does not tag
+    assert tag_of(cfg) == f"{config_hash(default)}.collective"
     cfg = compose("sweep.tag_format='run {backend}/{model}: {hash}'")
     assert tag_of(cfg) == f"run-auto-tiny-{config_hash(default)}"
 
@@ -111,7 +114,7 @@ def test_unsafe_names_are_sanitised_and_still_distinct(compose, tmp_path: Path) 
     b = compose("model.name='a b/c'")
     ta, tb = tag_of(a), tag_of(b)
     assert SAFE.match(ta) and SAFE.match(tb)
-    assert ta[:-HASH_LEN] == tb[:-HASH_LEN] == "collective_a-b-c_tp2_auto_collocated_ws2_"
+    assert ta[:-HASH_LEN] == tb[:-HASH_LEN] == "collective_a-b-c_tp2_auto_ws2_"
     assert ta != tb  # same readable part, different config: the hash tells them apart
     (tmp_path / ta).mkdir()
     assert [p.name for p in tmp_path.iterdir()] == [ta]

@@ -82,6 +82,10 @@ class LaunchConfig:
     ranks_per_node: int = 0  # 0 = all ranks on one node (or gpus_per_node of them on SLURM)
     gpus_per_node: int = 0  # GPUs a SLURM job asks for per node, one per rank; 0 = none (CPU/gloo)
     master_addr: str = "127.0.0.1"
+    # local jobs: refuse more ranks than this on one machine (0 = 4 per CPU core, at least 16)
+    max_local_ranks: int = 0
+    # local jobs: skip the check of the benchmark's memory estimate against the host's/GPU's memory
+    skip_memory_check: bool = False
     # the interpreter that runs the ranks (a venv's bin/python, to sweep software environments);
     # "" = the driver's own. Part of the tag when set, since it changes what is measured.
     python: str = ""

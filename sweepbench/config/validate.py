@@ -4,9 +4,11 @@ Each check raises ``ValueError`` with one line naming the bad value and what wou
 
 from __future__ import annotations
 
+import functools
+import math
+import os
 from typing import Callable
 
-import torch
 from omegaconf import DictConfig
 
 from sweepbench.launch.faults import FAULTS, check_fault_factor
@@ -19,8 +21,46 @@ DTYPES = ("float32", "bfloat16", "float16")
 FAULT_KINDS = ("none", *FAULTS)
 
 
+@functools.lru_cache(maxsize=1)
+def _nvml_gpus() -> tuple[int, ...]:
+    """Total memory (bytes) of each GPU NVML sees; () without NVML (a CPU machine). NVML, not
+    torch: the driver's path (typos, --help, dry runs) must not pay for importing torch."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return ()
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        return tuple(int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total)
+                     for i in range(count))
+    except Exception:
+        return ()
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def visible_gpu_memory() -> list[int]:
+    """Total memory of each GPU this process may use, honouring CUDA_VISIBLE_DEVICES as CUDA
+    does (indices or UUIDs; the list stops at the first invalid entry; empty hides all)."""
+    gpus = _nvml_gpus()
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if mask is None:
+        return list(gpus)
+    visible: list[int] = []
+    for entry in (e.strip() for e in mask.split(",")):
+        if entry.isdigit() and int(entry) < len(gpus):
+            visible.append(gpus[int(entry)])
+        elif entry.startswith(("GPU-", "MIG-")) and len(visible) < len(gpus):
+            visible.append(min(gpus))
+        else:
+            break
+    return visible
+
+
 def visible_gpus() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return len(visible_gpu_memory())
 
 
 def resolve_backend(name: str) -> str:
@@ -44,8 +84,8 @@ def _check_positive(cfg: DictConfig) -> None:
                 raise ValueError(f"{group}.{key}={value} must be a positive integer")
     if cfg.benchmark.warmup < 0:
         raise ValueError(f"benchmark.warmup={cfg.benchmark.warmup} must be >= 0")
-    if cfg.launch.timeout_s <= 0:
-        raise ValueError(f"launch.timeout_s={cfg.launch.timeout_s} must be > 0 seconds")
+    if not math.isfinite(cfg.launch.timeout_s) or cfg.launch.timeout_s <= 0:
+        raise ValueError(f"launch.timeout_s={cfg.launch.timeout_s} must be a finite number of seconds > 0")
 
 
 def _check_choices(cfg: DictConfig) -> None:
@@ -132,3 +172,48 @@ def validate(cfg: DictConfig) -> int:
     world_size = bench.world_size(cfg)
     _check_ranks(cfg, world_size)
     return world_size
+
+
+# ---------------------------------------------------------------- jobs whose ranks start on this machine
+
+RANKS_PER_CORE = 4
+MIN_LOCAL_RANKS = 16
+GiB = 1 << 30
+
+
+def max_local_ranks(cfg: DictConfig) -> int:
+    return cfg.launch.max_local_ranks or max(MIN_LOCAL_RANKS, RANKS_PER_CORE * (os.cpu_count() or 1))
+
+
+def host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_local_fit(cfg: DictConfig, world_size: int) -> None:
+    """A local job (all ranks on this machine): refuse far more ranks than the machine has cores
+    (``launch.max_local_ranks`` to allow them), and more memory than it has: the benchmark's
+    per-rank estimate against each GPU's memory (NVML), or on the CPU against the host's RAM
+    shared by the job's ranks (``launch.skip_memory_check=true`` to run it anyway)."""
+    from sweepbench.benchmarks.registry import get_benchmark
+
+    limit = max_local_ranks(cfg)
+    if world_size > limit:
+        raise ValueError(f"world_size={world_size} is far beyond this machine's {os.cpu_count()} CPU cores "
+                         f"(at most {limit} local ranks); set launch.max_local_ranks={world_size} to run it anyway")
+    if cfg.launch.skip_memory_check:
+        return
+    need = int(get_benchmark(cfg.benchmark.name).memory_bytes(cfg, world_size) or 0)
+    if need <= 0:
+        return
+    force = "set launch.skip_memory_check=true to run it anyway"
+    if resolve_backend(cfg.backend.name) in GPU_BACKENDS:
+        have = min(visible_gpu_memory(), default=0)
+        if need > have:
+            raise ValueError(f"{cfg.benchmark.name} needs about {need / GiB:.1f} GiB per rank, more than a GPU's "
+                             f"{have / GiB:.1f} GiB; use a smaller model or more ranks, or {force}")
+        return
+    have = host_memory_bytes()
+    if need * world_size > have:
+        raise ValueError(f"{cfg.benchmark.name} needs about {need / GiB:.1f} GiB per rank x {world_size} ranks "
+                         f"= {need * world_size / GiB:.1f} GiB, more than this machine's {have / GiB:.1f} GiB "
+                         f"of RAM; use a smaller model (model=tiny) or {force}")

@@ -4,7 +4,7 @@
 it in C, ``hang`` never returns (the job's time bound must end it), and ``hang_until_requeued``
 hangs on a job's first start only: once SLURM restarts the job (``scontrol requeue``, a
 preemption, a requeue on time-out) it runs normally, so a requeue can be checked end to end.
-``slow`` makes every timed iteration of the rank take ``fault.factor`` times as long (a sleep
+``slow`` makes every timed iteration of the rank take ``fault.factor`` times as long (a wait
 inside the timed region, ``measure.timing.slow_down``), to check that ``sweepbench compare``
 flags a known slowdown."""
 

@@ -1,76 +1,173 @@
-"""Local launch: the job spawns its ranks (torch.multiprocessing, no torchrun) and supervises them.
+"""Local launch: the job starts its ranks as processes of ``launch.python`` (default: this
+interpreter) running ``python -m sweepbench.launch.rank``, and supervises them.
 
-A rank that raises or dies takes its job down (the others are terminated); a job that outlives
-``launch.timeout_s`` is killed. Either way the outcome is reported, never raised."""
+A rank that raises or dies takes its job down (the others are killed); a job that outlives
+``launch.timeout_s`` is killed; a stop asked for by Ctrl-C/SIGTERM kills the ranks and reports
+the job ``interrupted``. Either way the outcome is reported, never raised. Ranks die with this
+process whatever kills it (each sets PR_SET_PDEATHSIG and watches its parent), and run in their
+own session, so a terminal's Ctrl-C reaches the driver only, which then stops them itself."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from omegaconf import DictConfig, OmegaConf
 
-from sweepbench.launch.rank import spawned_rank_main
-from sweepbench.launch.rank_errors import clear_rank_errors, first_raised, last_line
+from sweepbench.launch.rank_errors import clear_rank_errors, first_raised, has_record
 from sweepbench.record.atomic import read_json
 
 POLL_S = 0.2
+SPEC_ENV = "SWEEPBENCH_RANK_SPEC"
+PROGRESS_KEY = "sweepbench/progress"
 
 
 @dataclass
 class JobOutcome:
-    status: str  # ok | failed | timeout
+    status: str  # ok | failed | timeout | interrupted
     error: str | None = None
     payload: dict[str, Any] = field(default_factory=dict)
 
 
-def _describe(err: Exception) -> str:
-    if isinstance(err, mp.ProcessRaisedException):
-        return f"rank {err.error_index}: {last_line(str(err))}"
-    if isinstance(err, mp.ProcessExitedException):
-        how = f"signal {err.signal_name}" if err.signal_name else f"exit code {err.exit_code}"
-        return f"rank {err.error_index} died ({how})"
-    return f"{type(err).__name__}: {err}"
+def rank_python(cfg: DictConfig) -> str:
+    import sys
+
+    return str(cfg.launch.python or sys.executable)
 
 
-def _kill_all(context: mp.ProcessContext) -> None:
-    for proc in context.processes:
-        if proc.is_alive():
+def clear_leftovers(job_dir: Path) -> None:
+    """Files a killed launch can leave: payloads, rank error notes and their temporaries."""
+    clear_rank_errors(job_dir)
+    for pattern in (".rank0_payload*.json", ".rank*.json.*.tmp", ".rank0_payload*.tmp"):
+        for stale in job_dir.glob(pattern):
+            stale.unlink(missing_ok=True)
+
+
+def _how(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
             proc.kill()
-    for proc in context.processes:
-        proc.join(timeout=10)
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _start_ranks(cfg: DictConfig, spec: dict[str, Any], *, world_size: int, job_dir: Path) -> list[subprocess.Popen]:
+    """Start every rank; if one cannot start (EAGAIN, a missing interpreter), kill those that did."""
+    logs = job_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    argv = [rank_python(cfg), "-m", "sweepbench.launch.rank"]
+    procs: list[subprocess.Popen] = []
+    try:
+        for rank in range(world_size):
+            fd = os.open(logs / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                env = {**os.environ, SPEC_ENV: json.dumps({**spec, "rank": rank})}
+                procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, env=env,
+                                              start_new_session=True))
+            finally:
+                os.close(fd)
+    except OSError as err:
+        _stop(procs)
+        raise OSError(f"could not start rank {len(procs)} of {world_size} with {argv[0]}: {err}") from err
+    return procs
+
+
+def _failure(procs: list[subprocess.Popen], codes: list[int | None], job_dir: Path) -> str:
+    """The job's error: a rank that died (no error note) before a rank's raised error, since its
+    peers' later 'connection closed' errors are echoes of the death."""
+    failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
+    died = [(rank, code) for rank, code in failed if not has_record(job_dir, rank)]
+    if died:
+        rank, code = died[0]
+        return f"rank {rank} died ({_how(code)})"
+    return first_raised(job_dir) or f"rank {failed[0][0]} died ({_how(failed[0][1])})"  # type: ignore[arg-type]
+
+
+def _show_progress(store: Any, status: Any) -> None:
+    if status is None or not store.check([PROGRESS_KEY]):
+        return
+    done, total, label = store.get(PROGRESS_KEY).decode().split("|", 2)
+    status.case_done(int(done), int(total) or None, label)
 
 
 def launch_local(cfg: DictConfig, *, world_size: int, job_dir: Path) -> JobOutcome:
-    payload_path = job_dir / ".rank0_payload.json"
-    payload_path.unlink(missing_ok=True)
-    clear_rank_errors(job_dir)
+    import torch.distributed as dist  # only where a job runs
+
+    from sweepbench.sweep import interrupt, status as sweep_status
+
+    interrupt.check()  # a stop asked for during the previous job: start nothing
+    launch_id = uuid.uuid4().hex[:12]
+    payload_path = job_dir / f".rank0_payload.{launch_id}.json"
+    clear_leftovers(job_dir)
     store = dist.TCPStore(cfg.launch.master_addr, 0, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=cfg.launch.timeout_s))
-    context = mp.start_processes(
-        spawned_rank_main,
-        args=(OmegaConf.to_container(cfg, resolve=True), str(job_dir), cfg.launch.master_addr,
-              store.port, world_size),
-        nprocs=world_size, join=False, start_method="spawn",
-    )
-    deadline = time.monotonic() + cfg.launch.timeout_s
+                          timeout=timedelta(seconds=min(cfg.launch.timeout_s, 3600)))
+    spec = {"cfg": OmegaConf.to_container(cfg, resolve=True), "job_dir": str(job_dir),
+            "master_addr": cfg.launch.master_addr, "port": store.port, "world_size": world_size,
+            "payload": str(payload_path), "parent_pid": os.getpid(), "progress_key": PROGRESS_KEY}
+    status = sweep_status.current()
+    if status is not None:
+        status.job_started(job_dir.name, world_size)
+    outcome = JobOutcome("failed", "the job did not finish")
+    tic = time.monotonic()
+    procs: list[subprocess.Popen] = []
     try:
-        while not context.join(timeout=POLL_S):
-            if time.monotonic() > deadline:
-                _kill_all(context)
-                return JobOutcome("timeout", f"job exceeded launch.timeout_s={cfg.launch.timeout_s:g}s; "
-                                             f"all {world_size} ranks were killed")
-    except Exception as err:  # a rank raised or died; torch has terminated the others
-        _kill_all(context)
-        first = first_raised(job_dir) if isinstance(err, mp.ProcessRaisedException) else None
-        return JobOutcome("failed", first or _describe(err))
+        procs = _start_ranks(cfg, spec, world_size=world_size, job_dir=job_dir)
+        outcome = _supervise(cfg, procs, store, status, job_dir=job_dir, payload_path=payload_path, tic=tic)
+    except OSError as err:
+        outcome = JobOutcome("failed", f"launch: {err}")
+    finally:
+        _stop(procs)
+        clear_leftovers(job_dir)
+        if status is not None:
+            status.job_finished(outcome.status, outcome.error)
+    return outcome
+
+
+def _supervise(cfg: DictConfig, procs: list[subprocess.Popen], store: Any, status: Any, *, job_dir: Path,
+               payload_path: Path, tic: float) -> JobOutcome:
+    from sweepbench.sweep import interrupt
+
+    world_size = len(procs)
+    deadline = tic + cfg.launch.timeout_s
+    while True:
+        codes = [p.poll() for p in procs]
+        if any(c not in (None, 0) for c in codes):
+            time.sleep(POLL_S)  # let a raising rank's peers settle, so the cause is told apart from echoes
+            return JobOutcome("failed", _failure(procs, [p.poll() for p in procs], job_dir))
+        if all(c == 0 for c in codes):
+            break
+        signum = interrupt.requested()
+        if signum is not None:
+            return JobOutcome("interrupted", f"interrupted by {signal.Signals(signum).name} after "
+                                             f"{time.monotonic() - tic:.1f}s; its {world_size} ranks were stopped")
+        if time.monotonic() > deadline:
+            return JobOutcome("timeout", f"job exceeded launch.timeout_s={cfg.launch.timeout_s:g}s; "
+                                         f"all {world_size} ranks were killed")
+        _show_progress(store, status)
+        if status is not None:
+            status.tick()
+        time.sleep(POLL_S)
     payload = read_json(payload_path)
-    payload_path.unlink(missing_ok=True)
-    if payload is None:
+    if not isinstance(payload, dict):
         return JobOutcome("failed", "rank 0 finished without reporting a result")
     return JobOutcome("ok", payload=payload)

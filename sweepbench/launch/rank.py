@@ -1,24 +1,36 @@
-"""What every rank runs: join the process group, run the benchmark, report from rank 0."""
+"""What every rank runs: join the process group, run the benchmark, report from rank 0.
+
+``python -m sweepbench.launch.rank`` is the entry of a rank the local launcher starts (its
+interpreter is ``launch.python``); SLURM tasks call ``run_rank`` directly. torch is imported
+inside the functions: the driver imports this module's helpers without paying for it."""
 
 from __future__ import annotations
 
+import ctypes
+import json
 import os
+import signal
+import socket
 import sys
+import threading
+import time
 from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
-from sweepbench.benchmarks.base import RankContext
-from sweepbench.benchmarks.registry import get_benchmark
-from sweepbench.config.validate import GPU_BACKENDS, resolve_backend
-from sweepbench.launch.faults import maybe_inject_fault
 from sweepbench.launch.rank_errors import note_rank_error
-from sweepbench.measure.memory import memory_peaks, reset_peaks
+
+if TYPE_CHECKING:  # sweepbench.measure imports torch
+    import torch
+    import torch.distributed as dist
+
+    from sweepbench.measure.progress import Sink
+
+PR_SET_PDEATHSIG = 1
+WATCHDOG_S = 1.0
 
 
 def redirect_output(log_path: Path) -> None:
@@ -32,7 +44,31 @@ def redirect_output(log_path: Path) -> None:
     os.close(fd)
 
 
-def rank_device(backend: str, local_rank: int) -> torch.device:
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this rank when the process that started it dies, however it dies (SIGKILL
+    included): the kernel's PR_SET_PDEATHSIG, and a watchdog thread on the parent's pid for
+    where that does not hold (the parent gone before prctl ran, a reparenting subreaper)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the watchdog alone
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(WATCHDOG_S)
+            if os.getppid() != parent_pid:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="sweepbench-parent-watchdog", daemon=True).start()
+
+
+def rank_device(backend: str, local_rank: int) -> "torch.device":
+    import torch
+
+    from sweepbench.config.validate import GPU_BACKENDS
+
     if backend in GPU_BACKENDS:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
@@ -41,11 +77,22 @@ def rank_device(backend: str, local_rank: int) -> torch.device:
 
 def run_rank(
     cfg: DictConfig, *, rank: int, world_size: int, local_rank: int, ranks_per_node: int,
-    store: dist.Store | None = None, job_dir: Path | None = None,
+    store: "dist.Store | None" = None, progress_sink: "Sink | None" = None,
 ) -> dict[str, Any] | None:
     """Run the benchmark on this rank; rank 0 returns the job's payload, other ranks None.
 
     With ``store`` None the process group rendezvous through MASTER_ADDR/MASTER_PORT (SLURM)."""
+    import torch
+    import torch.distributed as dist
+
+    from sweepbench.benchmarks.base import RankContext
+    from sweepbench.benchmarks.registry import get_benchmark
+    from sweepbench.config.validate import resolve_backend
+    from sweepbench.launch.faults import maybe_inject_fault
+    from sweepbench.measure import progress
+    from sweepbench.measure.memory import memory_peaks, reset_peaks
+
+    tic = time.monotonic()
     backend = resolve_backend(cfg.backend.name)
     device = rank_device(backend, local_rank)
     if device.type == "cpu":
@@ -56,11 +103,14 @@ def run_rank(
         timeout=timedelta(seconds=cfg.launch.timeout_s),
         device_id=device if device.type == "cuda" else None,
     )
+    print(f"rank {rank}/{world_size}: process group up ({pg_backend} on {device}) in {time.monotonic() - tic:.1f}s",
+          flush=True)
     # No try/finally around the group: a rank that fails leaves its group to its own exit. Destroying
     # it first would close the peers' connections before this rank has reported its error, and a
     # peer's "connection closed" could then be reported as the job's failure instead of the cause.
     ctx = RankContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device,
-                      backend=backend, cfg=cfg, job_dir=job_dir)
+                      backend=backend, cfg=cfg)
+    progress.install(rank=rank, sink=progress_sink)
     maybe_inject_fault(cfg, rank)
     reset_peaks(device)
     result = get_benchmark(cfg.benchmark.name)(ctx).run()
@@ -68,26 +118,48 @@ def run_rank(
     dist.all_gather_object(memory, memory_peaks(device))
     dist.barrier()
     dist.destroy_process_group()
+    print(f"rank {rank}: {cfg.benchmark.name} done in {time.monotonic() - tic:.1f}s "
+          f"({progress.cases_done() if rank == 0 else '-'} cases reported), verified={result.verified}", flush=True)
     if rank != 0:
         return None
     return {"result": asdict(result), "memory_per_rank": memory, "backend": backend,
             "device": str(device.type)}
 
 
-def spawned_rank_main(local_rank: int, cfg_container: dict, job_dir: str, master_addr: str,
-                      port: int, world_size: int) -> None:
-    """Entry of a rank spawned by the local launcher (torch.multiprocessing)."""
-    from sweepbench.record.atomic import write_json_atomic
+def _store_sink(store: "dist.Store", key: str) -> "Sink":
+    def sink(done: int, total: int | None, label: str) -> None:
+        store.set(key, f"{done}|{total or 0}|{label}")
 
-    redirect_output(Path(job_dir) / "logs" / f"rank{local_rank}.log")
-    cfg = OmegaConf.create(cfg_container)
-    store = dist.TCPStore(master_addr, port, is_master=False,
-                          timeout=timedelta(seconds=cfg.launch.timeout_s))
+    return sink
+
+
+def main() -> None:
+    """Entry of a rank started by the local launcher: its spec (config, rendezvous, files) is
+    in the environment; its output already goes to its log."""
+    spec = json.loads(os.environ.pop("SWEEPBENCH_RANK_SPEC"))
+    die_with_parent(spec["parent_pid"])
+    rank, world_size, job_dir = spec["rank"], spec["world_size"], Path(spec["job_dir"])
+    print(f"===== {time.strftime('%Y-%m-%dT%H:%M:%S')} rank {rank} of {world_size} on {socket.gethostname()}, "
+          f"pid {os.getpid()}, python {sys.version.split()[0]} ({sys.executable}) =====", flush=True)
     try:
-        payload = run_rank(cfg, rank=local_rank, world_size=world_size, local_rank=local_rank,
-                           ranks_per_node=world_size, store=store, job_dir=Path(job_dir))
+        import torch.distributed as dist
+
+        from sweepbench.record.atomic import write_json_atomic
+        from sweepbench.record.env import capture_env
+
+        cfg = OmegaConf.create(spec["cfg"])
+        store = dist.TCPStore(spec["master_addr"], spec["port"], is_master=False,
+                              timeout=timedelta(seconds=cfg.launch.timeout_s))
+        sink = _store_sink(store, spec["progress_key"]) if rank == 0 else None
+        payload = run_rank(cfg, rank=rank, world_size=world_size, local_rank=rank, ranks_per_node=world_size,
+                           store=store, progress_sink=sink)
+        if payload is not None:
+            payload["env"] = capture_env()  # the versions the ranks ran with, not the driver's
+            write_json_atomic(spec["payload"], payload)
     except Exception as err:
-        note_rank_error(Path(job_dir), local_rank, err)
-        raise
-    if payload is not None:
-        write_json_atomic(Path(job_dir) / ".rank0_payload.json", payload)
+        note_rank_error(job_dir, rank, err)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -40,3 +40,8 @@ def first_raised(job_dir: Path) -> str | None:
         return None
     first = min(records, key=lambda r: r["time_ns"])
     return f"rank {first['rank']}: {last_line(first['error'])}"
+
+
+def has_record(job_dir: Path, rank: int) -> bool:
+    """Did this rank note an error (it raised) rather than die?"""
+    return (job_dir / f".rank{rank}_error.json").exists()

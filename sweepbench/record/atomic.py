@@ -1,4 +1,6 @@
-"""Atomic file writes: readers see the old file or the whole new one, never half of it."""
+"""Atomic file writes: readers see the old file or the whole new one, never half of it. Files get
+the usual mode (0666 less the umask, 0644 typically, as logs have), not mkstemp's 0600, so that
+teammates on a shared disk can read results."""
 
 from __future__ import annotations
 
@@ -9,11 +11,18 @@ from pathlib import Path
 from typing import Any
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: str | Path, data: str | bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
             f.write(data)
             f.flush()

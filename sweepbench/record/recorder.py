@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from sweepbench.config.validate import resolve_backend
 from sweepbench.launch.local import JobOutcome
 from sweepbench.record.atomic import write_json_atomic
-from sweepbench.record.env import capture_env
+from sweepbench.record.env import capture_env, redact_config
 from sweepbench.record.wandb_run import start_run
 
 log = logging.getLogger(__name__)
@@ -29,6 +29,7 @@ def build_metrics(cfg: DictConfig, outcome: JobOutcome, *, tag: str, world_size:
                   overrides: list[str], wall_time_s: float) -> dict[str, Any]:
     result = outcome.payload.get("result", {})
     status, error = outcome.status, outcome.error
+    # ok | failed | timeout | interrupted (Ctrl-C/SIGTERM stopped it) | skipped
     if status == "ok" and not result.get("verified"):
         status, error = "failed", "the benchmark did not verify its output; its times are not reported"
     per_rank = outcome.payload.get("memory_per_rank", [])
@@ -40,7 +41,8 @@ def build_metrics(cfg: DictConfig, outcome: JobOutcome, *, tag: str, world_size:
         "world_size": world_size,
         "backend": outcome.payload.get("backend") or resolve_backend(cfg.backend.name),
         "overrides": overrides,
-        "config": OmegaConf.to_container(cfg, resolve=True),
+        # secret-looking values (``+api_key=...``) redacted; .hydra/*.yaml keep what the user typed
+        "config": redact_config(OmegaConf.to_container(cfg, resolve=True)),
         "verified": bool(result.get("verified")) and status == "ok",
         "results": {"summary": result.get("summary", {}), "cases": result.get("cases", []),
                     **result.get("extra", {})} if status == "ok" else {},
@@ -66,7 +68,9 @@ def record_job(cfg: DictConfig, outcome: JobOutcome, *, job_dir: Path, tag: str,
     metrics = build_metrics(cfg, outcome, tag=tag, world_size=world_size, overrides=overrides,
                             wall_time_s=wall_time_s)
     metrics.update(extra or {})
-    write_json_atomic(job_dir / ENV_FILE, env if env is not None else capture_env())
+    if env is None:  # rank 0's capture (the ranks' interpreter and packages), else this process's
+        env = outcome.payload.get("env") or {**capture_env(), "captured_by": "driver (no rank reported)"}
+    write_json_atomic(job_dir / ENV_FILE, env)
     run = start_run(cfg, job_dir=job_dir, tag=tag, group=group, config=metrics["config"])
     run.log_cases(metrics["results"].get("cases", []))
     run.log_summary(wandb_summary(metrics))

@@ -1,4 +1,6 @@
-"""Aggregation: one row per job of a sweep, from each job's metrics.json, to results.csv/.parquet."""
+"""Aggregation: one row per job of the sweep directory (this invocation's grid and any job an
+earlier invocation left there), from each job's metrics.json, to results.csv/.parquet. Columns
+``resumed`` (skipped: already ok) and ``this_run`` (launched by this invocation) say which is which."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from sweepbench.record.atomic import read_json, write_atomic
-from sweepbench.record.recorder import METRICS_FILE
+from sweepbench.sweep.resume import METRICS_FILE
 
 CONFIG_COLUMNS = {
     "benchmark": ("benchmark", "name"), "model": ("model", "name"),
@@ -45,18 +47,32 @@ def _missing_row(job: Any, error: str) -> dict[str, Any]:
             "benchmark": job.cfg.benchmark.name}
 
 
+def _earlier_jobs(sweep_dir: Path, known: set[str]) -> list[dict[str, Any]]:
+    """Rows of the jobs in the directory that are not in this invocation's grid."""
+    rows = []
+    for job_dir in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and p.name not in known):
+        metrics = read_json(job_dir / METRICS_FILE)
+        if isinstance(metrics, dict) and metrics.get("tag") == job_dir.name:
+            rows.append({**job_row(metrics), "resumed": False, "this_run": False})
+    return rows
+
+
 def aggregate_sweep(sweep_dir: Path, jobs: Iterable[Any], *, resumed: set[str],
-                    crashed: dict[str, str]) -> pd.DataFrame:
+                    crashed: dict[str, str], ran: set[str] | None = None) -> pd.DataFrame:
     """Write ``results.csv`` and ``results.parquet`` (atomically) and return the table."""
+    jobs = list(jobs)
+    ran = {j.tag for j in jobs if j.tag not in resumed} if ran is None else ran
     rows = []
     for job in jobs:
         metrics = read_json(sweep_dir / job.tag / METRICS_FILE)
-        if metrics is None:
+        if not isinstance(metrics, dict):
             row = _missing_row(job, crashed.get(job.tag, "the job left no metrics.json"))
         else:
             row = job_row(metrics)
         row["resumed"] = job.tag in resumed
+        row["this_run"] = job.tag in ran
         rows.append(row)
+    rows += _earlier_jobs(sweep_dir, {j.tag for j in jobs})
     table = pd.DataFrame(rows)
     write_atomic(sweep_dir / "results.csv", table.to_csv(index=False))
     buf = io.BytesIO()

@@ -1,24 +1,30 @@
-"""The sweep driver: expand the grid, validate and tag every job before any starts, skip jobs
-already done (resume), launch the rest, then aggregate the sweep's results."""
+"""The sweep driver: expand the grid, validate and tag every job before any starts, check the
+sweep directory and lock it, skip jobs already done (resume), launch the rest, then aggregate
+the whole directory's results. Ctrl-C/SIGTERM during a local sweep stop it cleanly (see
+``interrupt``)."""
 
 from __future__ import annotations
 
+import shlex
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from hydra._internal.core_plugins.basic_launcher import BasicLauncher
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobStatus
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from sweepbench.config.validate import validate
-from sweepbench.record.atomic import read_json
-from sweepbench.record.recorder import METRICS_FILE
-from sweepbench.sweep.aggregate import aggregate_sweep
-from sweepbench.sweep.report import print_plan, print_summary
+from sweepbench.config.validate import check_local_fit, validate
+from sweepbench.record.atomic import write_atomic
+from sweepbench.sweep import interrupt, resume, status
+from sweepbench.sweep.errors import error_line
+from sweepbench.sweep.report import print_plan
+from sweepbench.sweep.sweepdir import SweepLock, check_writable
 from sweepbench.sweep.tags import make_tag
 
 
@@ -34,20 +40,16 @@ class PlannedJob:
         return [*self.overrides, f"hydra.sweep.subdir={self.tag}"]
 
 
-def error_line(err: BaseException) -> str:
-    """The error's message and, for Hydra's wrapped OmegaConf errors, its cause's first line."""
-    text = str(err)
-    cause = str(err.__cause__ or "").strip()
-    if cause:
-        text += f" ({cause.splitlines()[0]})"
-    return text
-
-
 def exit_bad_input(message: str) -> NoReturn:
     """Bad input: one line on stderr, exit 2."""
     line = " ".join(part.strip() for part in message.splitlines() if part.strip())
     print(f"sweepbench: error: {line}", file=sys.stderr)
     sys.exit(2)
+
+
+def runs_locally(sweeper: Any) -> bool:
+    """Do the jobs' ranks start on this machine (Hydra's basic launcher: sweepbench's local launch)?"""
+    return isinstance(sweeper.launcher, BasicLauncher)
 
 
 def plan_jobs(sweeper: Any, arguments: list[str]) -> list[PlannedJob]:
@@ -58,6 +60,7 @@ def plan_jobs(sweeper: Any, arguments: list[str]) -> list[PlannedJob]:
         grid = BasicSweeper.split_arguments(parser.parse_overrides(arguments), None)[0]
     except HydraException as err:
         exit_bad_input(error_line(err))
+    local = runs_locally(sweeper)
     jobs: dict[str, PlannedJob] = {}
     for overrides in grid:
         try:
@@ -65,6 +68,8 @@ def plan_jobs(sweeper: Any, arguments: list[str]) -> list[PlannedJob]:
             with open_dict(cfg):
                 del cfg["hydra"]
             world_size = validate(cfg)
+            if local:
+                check_local_fit(cfg, world_size)
             tag = make_tag(cfg, world_size=world_size)
         except (ValueError, HydraException) as err:
             where = " ".join(overrides) or "(defaults)"
@@ -73,9 +78,17 @@ def plan_jobs(sweeper: Any, arguments: list[str]) -> list[PlannedJob]:
     return list(jobs.values())
 
 
-def is_done(sweep_dir: Path, tag: str) -> bool:
-    metrics = read_json(sweep_dir / tag / METRICS_FILE)
-    return bool(metrics) and metrics.get("status") == "ok" and metrics.get("tag") == tag
+def _save_sweep_config(sweeper: Any, sweep_dir: Path) -> None:
+    try:
+        write_atomic(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(sweeper.config))
+    except OSError as err:
+        exit_bad_input(f"hydra.sweep.dir={sweep_dir} cannot be written: {err.strerror or err}; "
+                       f"choose another hydra.sweep.dir")
+
+
+def _resume_command(sweep_dir: Path) -> str:
+    argv = [a for a in sys.argv[1:] if not a.startswith("hydra.sweep.dir=")]
+    return shlex.join(["python", "-m", "sweepbench", *argv, f"hydra.sweep.dir={sweep_dir}"])
 
 
 def run_sweep(sweeper: Any, arguments: list[str]) -> list[Any]:
@@ -88,19 +101,54 @@ def run_sweep(sweeper: Any, arguments: list[str]) -> list[Any]:
         if callable(describe):
             describe([j.launch_overrides for j in jobs])
         return []
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(sweeper.config, sweep_dir / "multirun.yaml")
-    resumed = {j.tag for j in jobs if not opts.force and is_done(sweep_dir, j.tag)}
+    check_writable(sweep_dir, exit_bad_input)
+    with SweepLock(sweep_dir, exit_bad_input):
+        return _run_locked(sweeper, jobs, sweep_dir)
+
+
+def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[Any]:
+    from sweepbench.sweep.aggregate import aggregate_sweep
+    from sweepbench.sweep.report import print_summary
+
+    _save_sweep_config(sweeper, sweep_dir)
+    resumed, why = resume.resume_plan(sweep_dir, jobs, force=sweeper.config.sweep.force)
+    line = resume.describe(resumed, why)
+    if line:
+        print(line, flush=True)
     todo = [j for j in jobs if j.tag not in resumed]
-    returns = []
-    if todo:
-        returns = list(sweeper.launcher.launch([j.launch_overrides for j in todo], initial_job_idx=0))
+    resume.retire_old_metrics(sweep_dir, (j.tag for j in todo))
+    restore = interrupt.install() if runs_locally(sweeper) else (lambda: None)
+    status.begin([j.tag for j in todo])
+    returns: list[Any] = []
+    stopped_by: int | None = None
+    try:
+        if todo:
+            returns = list(sweeper.launcher.launch([j.launch_overrides for j in todo], initial_job_idx=0))
+        stopped_by = interrupt.requested()
+    except interrupt.SweepInterrupted as stop:
+        stopped_by = stop.signum
+    finally:
+        restore()
+        status.end()
     crashed = {j.tag: _crash_message(r) for j, r in zip(todo, returns) if r.status == JobStatus.FAILED}
-    table = aggregate_sweep(sweep_dir, jobs, resumed=resumed, crashed=crashed)
+    table = aggregate_sweep(sweep_dir, jobs, resumed=resumed, crashed=crashed, ran={j.tag for j in todo})
     print_summary(table, sweep_dir=sweep_dir)
-    failed = table[table["status"] != "ok"]
+    try:  # the HTML report (sweepbench.report): a failure to write it never fails the sweep
+        from sweepbench.report import write_sweep_report
+
+        print(f"sweepbench: report {write_sweep_report(sweep_dir)}")
+    except Exception as err:
+        print(f"sweepbench: no report.html ({type(err).__name__}: {err})", file=sys.stderr)
+    if stopped_by is not None:
+        name = signal.Signals(stopped_by).name
+        finished = int((table["this_run"] & (table["status"] == "ok")).sum())
+        print(f"sweepbench: interrupted by {name}: {finished} of {len(todo)} jobs of this run finished ok; "
+              f"resume with: {_resume_command(sweep_dir)}", file=sys.stderr)
+        sys.exit(128 + stopped_by)
+    grid = table[table["this_run"] | table["resumed"]]  # jobs of earlier grids do not decide the exit code
+    failed = grid[grid["status"] != "ok"]
     if len(failed):
-        print(f"sweepbench: {len(failed)} of {len(table)} jobs did not finish ok "
+        print(f"sweepbench: {len(failed)} of {len(grid)} jobs did not finish ok "
               f"(see {sweep_dir / 'results.csv'})", file=sys.stderr)
         sys.exit(1)
     return [returns]

@@ -1,22 +1,34 @@
-"""What a person sees: the dry-run plan and the end-of-sweep summary table (rich)."""
+"""What a person sees in the terminal: the dry-run plan and the end-of-sweep summary (rich).
+
+The summary has one table per benchmark, its metric columns the benchmark's own ``headline(cfg)``
+(labels with units and the size they refer to), as many as fit the terminal's width (rich's
+Console: the terminal, else ``COLUMNS``, else 80); the rest are in results.csv. A job skipped
+because it was already done reads ``ok (resumed)``."""
 
 from __future__ import annotations
 
+import math
 import shlex
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-import pandas as pd
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-STATUS_STYLE = {"ok": "green", "failed": "red", "timeout": "red", "skipped": "yellow"}
-SUMMARY_COLUMNS = ("tag", "status", "backend", "world_size", "verified", "wall_time_s")
+from sweepbench.record.atomic import read_json
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+STATUS_STYLE = {"ok": "green", "failed": "red", "timeout": "red", "interrupted": "yellow", "skipped": "yellow"}
+FIXED_WIDTH = 14 + 5 + 16  # status, ranks, error: their least useful widths (the tag's is added)
+TAG_WIDTH = 44  # a default tag fits on one line up to this
+CELL_PAD = 3  # rich's padding and border per column
 
 
 def _console() -> Console:
-    return Console(width=200)
+    return Console()
 
 
 def job_command(job: Any, *, sweep_dir: Path, hydra_overrides: Iterable[str] = ()) -> str:
@@ -30,36 +42,88 @@ def job_command(job: Any, *, sweep_dir: Path, hydra_overrides: Iterable[str] = (
 def print_plan(jobs: Iterable[Any], *, sweep_dir: Path, hydra_overrides: Iterable[str] = ()) -> None:
     jobs = list(jobs)
     table = Table(title=f"dry run: {sweep_dir} (no rank started)")
-    for col in ("tag", "world_size", "benchmark", "model", "parallelism", "backend", "mode"):
+    table.add_column("tag", overflow="fold")
+    for col in ("ranks", "benchmark", "model", "parallelism", "backend", "mode"):
         table.add_column(col)
-    n = 0
     for job in jobs:
         c = job.cfg
         table.add_row(job.tag, str(job.world_size), c.benchmark.name, c.model.name,
                       c.parallelism.name, c.backend.name, c.mode.name)
-        n += 1
     _console().print(table)
-    print(f"{n} jobs; each alone:")
+    print(f"{len(jobs)} jobs; each alone:")
     for job in jobs:
-        print(f"  {job_command(job, sweep_dir=sweep_dir, hydra_overrides=hydra_overrides)}")
+        print(f"  {job.tag}\n    {job_command(job, sweep_dir=sweep_dir, hydra_overrides=hydra_overrides)}")
 
 
 def _fmt(value: Any) -> str:
-    if value is None or (isinstance(value, float) and pd.isna(value)):
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def print_summary(results: pd.DataFrame, *, sweep_dir: Path) -> None:
-    metric_cols = [c for c in results.columns
-                   if c.endswith(("_s", "_gbps", "_per_s")) and c not in SUMMARY_COLUMNS][:3]
-    table = Table(title=f"sweep {sweep_dir}")
-    columns = [*SUMMARY_COLUMNS, *metric_cols, "error"]
-    for col in columns:
-        table.add_column(col, overflow="fold")
-    for row in results.to_dict("records"):
-        cells = [escape(_fmt(row.get(col))) for col in columns]  # an error may hold "[...]"
-        style = STATUS_STYLE.get(str(row.get("status")), "")
-        cells[1] = f"[{style}]{cells[1]}[/{style}]" if style else cells[1]
-        table.add_row(*cells)
-    _console().print(table)
+def _headlines(sweep_dir: Path, row: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, label) of the job's headline columns, from its benchmark's hook and its config."""
+    from omegaconf import OmegaConf
+
+    from sweepbench.benchmarks.registry import get_benchmark
+
+    metrics = read_json(sweep_dir / str(row.get("tag")) / "metrics.json")
+    if not isinstance(metrics, dict) or not isinstance(metrics.get("config"), dict):
+        return []
+    try:
+        bench = get_benchmark(str(row.get("benchmark")))
+        return [(h.key, h.label) for h in bench.headline(OmegaConf.create(metrics["config"]))]
+    except Exception:  # a job of a benchmark this version no longer has, or an odd config
+        return []
+
+
+def _status(row: dict[str, Any]) -> str:
+    status = escape(_fmt(row.get("status")))
+    style = STATUS_STYLE.get(status, "")
+    text = f"[{style}]{status}[/{style}]" if style else status
+    return text + (" (resumed)" if row.get("resumed") is True else "")
+
+
+def _label_width(label: str) -> int:
+    return max(9, *(len(w) for w in label.split()))
+
+
+def _fitting(columns: list[tuple[str, str]], width: int) -> list[tuple[str, str]]:
+    room = width - FIXED_WIDTH - 4 * CELL_PAD
+    chosen = []
+    for key, label in columns:
+        need = _label_width(label) + CELL_PAD
+        if chosen and need > room:
+            break
+        chosen.append((key, label))
+        room -= need
+    return chosen
+
+
+def print_summary(results: "pd.DataFrame", *, sweep_dir: Path) -> None:
+    console = _console()
+    rows = results.to_dict("records")
+    by_benchmark: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_benchmark.setdefault(str(row.get("benchmark")), []).append(row)
+    for benchmark, group in by_benchmark.items():
+        heads = [_headlines(sweep_dir, row) for row in group]
+        columns = list(dict.fromkeys(h for hs in heads for h in hs))
+        tag_width = min(TAG_WIDTH, max(len(str(r.get("tag"))) for r in group))
+        shown = _fitting(columns, console.width - tag_width)
+        title = f"sweep {sweep_dir}: {benchmark}"
+        if len(shown) < len(columns):
+            title += f" ({len(columns) - len(shown)} more columns in results.csv)"
+        table = Table(title=title)
+        table.add_column("tag", overflow="fold", min_width=tag_width)
+        table.add_column("status")
+        table.add_column("ranks", justify="right")
+        for _, label in shown:
+            table.add_column(label, justify="right", overflow="fold", max_width=_label_width(label))
+        table.add_column("error", overflow="fold")
+        for row, hs in zip(group, heads):
+            own = dict(hs)
+            cells = [escape(_fmt(row.get(key))) if key in own else "" for key, _ in shown]
+            table.add_row(escape(_fmt(row.get("tag"))), _status(row), _fmt(row.get("world_size")), *cells,
+                          escape(_fmt(row.get("error"))))  # an error may hold "[...]"
+        console.print(table)
