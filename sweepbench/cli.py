@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,9 @@ def main() -> None:
         _raise_compose_errors = True
     try:
         _hydra_main()
+    except KeyboardInterrupt:  # before any job started (a running local sweep stops on its own)
+        print("sweepbench: interrupted", file=sys.stderr)
+        sys.exit(130)
     except HydraException as err:
         if not _raise_compose_errors:
             raise

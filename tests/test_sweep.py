@@ -258,6 +258,8 @@ def test_resume_skips_done_jobs(resume_runs: dict[str, Any]) -> None:
     assert again["jobs"][ok]["launches"] == 1
     assert again["jobs"][ok]["rank0_log"] == first["jobs"][ok]["rank0_log"]
     assert again["results"][ok] == {"status": "ok", "resumed": True}
+    assert "ok (resumed)" in again["stdout"]  # the summary says so too
+    assert "resume: 1 job(s) already ok, skipped; 1 to run (1 it ended failed)" in again["stdout"]
     assert "Launching 1 jobs" in again["stdout"] and "fault.kind=none" not in again["stdout"].split("Launching")[1]
 
 

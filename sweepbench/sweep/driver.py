@@ -37,7 +37,8 @@ class PlannedJob:
 
     @property
     def launch_overrides(self) -> list[str]:
-        return [*self.overrides, f"hydra.sweep.subdir={self.tag}"]
+        return [*self.overrides, f"hydra.sweep.subdir='{self.tag}'"]  # quoted: a tag may hold '='
+
 
 
 def exit_bad_input(message: str) -> NoReturn:

@@ -6,6 +6,7 @@ Ctrl-C/SIGTERM (the running job recorded ``interrupted``, results for what finis
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -119,12 +120,24 @@ def test_resume_checks_what_it_trusts_and_results_cover_the_directory(tmp_path: 
     resume_line = next(line for line in again.stdout.splitlines() if line.startswith("resume:"))
     assert "0 job(s) already ok, skipped; 2 to run" in resume_line
     assert "its metrics.json is unreadable" in resume_line and "its recorded config does not match its tag" in resume_line
-    other = run_sweepbench([*TINY, "parallelism=tp1", "benchmark.iters=4"], sweep_dir=sweep_dir)
+    other = run_sweepbench([*TINY, "parallelism=tp1", "benchmark.iters=4"], sweep_dir=sweep_dir,
+                           env=base_env(COLUMNS="100"))
     assert other.rc == 0, other.describe()
+    # progress: job i of N with the elapsed time and an estimate; informative rank logs on success
+    assert re.search(r"^\[1/1\] collective_\S+: 1 ranks starting \(sweep \d+:\d\d elapsed, no estimate yet\)$",
+                     other.stdout, re.M), other.stdout
+    assert re.search(r"^\[1/1\] collective_\S+: ok in [\d.]+s$", other.stdout, re.M), other.stdout
+    # the summary fits a 100-column terminal and shows the benchmark's headline columns
+    table_lines = [ln for ln in other.stdout.splitlines() if ln[:1] in "┏┃│┡└"]
+    assert table_lines and max(len(ln) for ln in table_lines) <= 100, "\n".join(table_lines)
+    assert "busbw" in other.stdout and "@1 KiB" in other.stdout
     import pandas as pd
 
     table = pd.read_csv(sweep_dir / "results.csv").set_index("tag")
     assert len(table) == 3 and (table["status"] == "ok").all()
+    new = next(p for p in sweep_dir.iterdir() if p.is_dir() and p not in (a, b))
+    log = (new / "logs" / "rank0.log").read_text()
+    assert "rank 0 of 1" in log and "process group up" in log and "collective done in" in log
     assert table["this_run"].sum() == 1 and not table.loc[a.name, "this_run"] and not table.loc[b.name, "this_run"]
     # readable by teammates, like the logs
     for path in (sweep_dir / "results.csv", sweep_dir / "multirun.yaml", a / "metrics.json", a / "env.json"):
