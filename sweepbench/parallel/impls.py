@@ -10,6 +10,7 @@ command, so a missing extra is refused on the driver before any rank starts."""
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from .registry import Registry
@@ -19,6 +20,7 @@ class Transfer(Protocol):
     """One planned weight transfer on this rank, ready to run (every rank holds one)."""
 
     plan_digest: str  # identifies the plan (same on every rank)
+    method: str  # what moves the bytes, for the record (a strategy, a peer's copy service)
 
     def step(self) -> None:
         """Move the weights (collective: every rank calls it)."""
@@ -41,6 +43,21 @@ IMPLS.declare("megatron", f"{__package__}.megatron_refit")
 REQUIRES: dict[str, tuple[str, str]] = {"megatron": ("megatron.core", 'pip install "sweepbench[megatron]"')}
 
 
+Degrees = Mapping[str, int]
+
+
+def _megatron_layouts(train: Degrees, infer: Degrees) -> str | None:
+    if max(train["ep"], infer["ep"]) > 1:
+        return ("benchmark.impl=megatron does not support ep>1: megatron-core matches experts across layouts by "
+                "Transformer Engine's per-expert weight names, and its local layer spec (SequentialMLP) has none, "
+                "so experts land on the wrong ranks (the check fails); use ep1 layouts or impl=sweepbench")
+    return None
+
+
+# impl -> why a (training, inference) pair of layouts is beyond it (one line), or None
+LAYOUT_CHECKS: dict[str, Callable[[Degrees, Degrees], str | None]] = {"megatron": _megatron_layouts}
+
+
 def missing(impl: str) -> str | None:
     """Why ``impl`` cannot run in this interpreter (one line), or None when it can."""
     need = REQUIRES.get(impl)
@@ -53,10 +70,12 @@ def missing(impl: str) -> str | None:
     return None if found else f"benchmark.impl={impl} needs {need[0]}, which is not installed; install it with: {need[1]}"
 
 
-def check_impl(impl: str) -> None:
-    """ValueError (one line) for an unknown implementation or one whose extra is not installed."""
+def check_impl(impl: str, train: Degrees, infer: Degrees) -> None:
+    """ValueError (one line) for an unknown implementation, one whose extra is not installed, or
+    layouts it cannot refit."""
     if impl not in IMPLS:
         raise ValueError(f"benchmark.impl={impl!r}; valid: {', '.join(IMPLS.names())}")
-    why = missing(impl)
+    check = LAYOUT_CHECKS.get(impl)
+    why = missing(impl) or (check(train, infer) if check else None)
     if why:
         raise ValueError(why)

@@ -183,6 +183,15 @@ def _expected(p: torch.Tensor, cname: str, shape: tuple[int, ...], pieces: list[
     return out
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("megatron-core")
+    except PackageNotFoundError:  # a source checkout on the path
+        return "(unknown version)"
+
+
 def _copy_service(backend: str) -> Any:
     """Megatron's copy service for our backend (its own objects; cached by megatron per name)."""
     if backend == "gloo" and not torch.cuda.is_available():
@@ -210,6 +219,7 @@ class MegatronTransfer:
         self.src_model = build_model(m, src, rank, device)
         self.dst_model = build_model(m, dst, rank, device)
         self.service = _copy_service(backend)
+        self.method = f"megatron-core {_version()} swap_model_weights, {backend} copy service"
         self.dst_boxes = canonical_boxes(self.dst_model)
         with torch.no_grad():
             src_boxes = canonical_boxes(self.src_model)

@@ -18,7 +18,7 @@ class NativeTransfer:
 
     def __init__(self, src: Layout, dst: Layout, *, strategy: str, options: dict[str, Any], balance: str,
                  rank: int, device: torch.device, seed: int) -> None:
-        self.dst, self.rank, self.seed = dst, rank, seed
+        self.dst, self.rank, self.seed, self.method = dst, rank, seed, strategy
         self.plan = plan_for(src, dst, strategy=strategy, balance=balance)
         self.plan_digest = self.plan.digest
         self.src_shards = build_shards(src, rank, seed=seed, device=device) if rank in src.ranks else {}
