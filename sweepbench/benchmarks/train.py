@@ -77,9 +77,12 @@ class TrainBenchmark(Benchmark):
 
     @classmethod
     def validate(cls, cfg: DictConfig) -> None:
+        from sweepbench.config.validate import GPU_BACKENDS, resolve_backend
+        from sweepbench.train.context import check_cp
         from sweepbench.train.plan import check_plan
 
-        check_plan(cfg)
+        plan = check_plan(cfg)
+        check_cp(cfg, plan, "cuda" if resolve_backend(cfg.backend.name) in GPU_BACKENDS else "cpu")
 
     @classmethod
     def world_size(cls, cfg: DictConfig) -> int:

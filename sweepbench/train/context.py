@@ -1,9 +1,10 @@
-"""Context parallel for training: each cp rank holds shards of every sequence and attention
-runs as a ring over the cp group, through the attention engine's kernels (``sweepbench.attention``:
-``shard_sequence`` splits a sequence the load-balanced way causal attention needs, ``placement_of``
-says which positions a rank holds, ``cp_attention`` runs the ring). RoPE uses the positions the
-rank holds; the loss is each rank's mean over its shard, averaged over the cp ranks with the
-gradients (cp ranks hold the same weights: FSDP/DDP span dp x cp)."""
+"""Context parallel for training, through the attention engine (``sweepbench.attention``).
+
+Each cp rank holds shards of every sequence, laid out the way the kernel expects
+(``placement_of(impl)``: zigzag for the load-balanced ring, rank r holding chunks r and 2W-1-r);
+attention runs as ``cp_attention`` over the cp group (autograd-aware), RoPE uses the global
+positions of the rank's tokens, and the loss is each rank's mean over its shard, averaged over the
+cp ranks together with the gradients (cp ranks hold the same weights: FSDP/DDP span dp x cp)."""
 
 from __future__ import annotations
 
@@ -20,25 +21,42 @@ from sweepbench.train.plan import TrainPlan
 @dataclass
 class ContextParallel:
     shard: Callable[[torch.Tensor], torch.Tensor]  # [B, S] -> this rank's [B, S/cp] (dim 1)
-    positions: torch.Tensor  # the positions of this rank's tokens, on the device
+    positions: torch.Tensor  # the global positions of this rank's tokens, on the device
     attn_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     impl: str
+    placement: str
 
     def describe(self) -> dict[str, Any]:
-        return {"impl": self.impl, "engine": "sweepbench.attention"}
+        return {"impl": self.impl, "placement": self.placement, "engine": "sweepbench.attention.cp_attention"}
 
 
 def build_context_parallel(plan: TrainPlan, mesh: DeviceMesh, opts: Any, *,
                            device: torch.device) -> ContextParallel | None:
     if plan.cp == 1:
         return None
-    from sweepbench.attention import cp_attention, placement_of, shard_sequence
+    from sweepbench.attention import cp_attention, placement_of, positions, shard_sequence
 
-    group = mesh["cp"].get_group()
-    rank = mesh["cp"].get_local_rank()
-    positions = placement_of(plan.seq_len, rank=rank, world=plan.cp, impl=opts.cp_impl)
+    group, rank = mesh["cp"].get_group(), mesh["cp"].get_local_rank()
+    placement = placement_of(opts.cp_impl)
     return ContextParallel(
-        shard=lambda x: shard_sequence(x, rank=rank, world=plan.cp, impl=opts.cp_impl, dim=1),
-        positions=torch.as_tensor(positions, device=device),
+        shard=partial(shard_sequence, dim=1, rank=rank, world_size=plan.cp, placement=placement),
+        positions=positions(placement, rank, plan.cp, plan.seq_len).to(device),
         attn_fn=partial(cp_attention, impl=opts.cp_impl, group=group, causal=True),
-        impl=opts.cp_impl)
+        impl=opts.cp_impl, placement=placement)
+
+
+def check_cp(cfg: Any, plan: TrainPlan, device_type: str) -> None:
+    """Can the attention engine run this layout's context parallel? (torch-free, before any rank)"""
+    if plan.cp == 1:
+        return
+    from sweepbench.attention.registry import IMPLS, why_not
+
+    impl = str(cfg.benchmark.cp_impl)
+    if impl not in IMPLS or impl == "torch_cp":
+        usable = ", ".join(name for name in IMPLS if name != "torch_cp")
+        raise ValueError(f"benchmark.cp_impl={impl!r} cannot train here; valid: {usable} "
+                         f"(torch_cp needs a context around forward and backward the train engine does not open)")
+    reason = why_not(impl, device_type=device_type, world_size=plan.cp,
+                     num_heads=int(cfg.model.num_heads) // plan.tp, pattern="dense", causal=True)
+    if reason:
+        raise ValueError(f"benchmark.cp_impl={impl} with parallelism.cp={plan.cp}: {reason}")

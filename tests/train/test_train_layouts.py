@@ -12,7 +12,7 @@ import pytest
 
 from ..conftest import SweepRun, planned_tag, run_sweepbench
 
-LAYOUTS = ("dp2", "tp2", "pp2", "tp2pp2")
+LAYOUTS = ("dp2", "tp2", "pp2", "tp2pp2", "cp2")  # cp2: the attention engine's ring
 FAST = ["benchmark=train", "model=tiny", "backend=gloo", "benchmark.warmup=1", "benchmark.iters=3",
         "wandb.mode=disabled"]
 
