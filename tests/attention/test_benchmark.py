@@ -1,0 +1,129 @@
+"""``benchmark=attention`` through the CLI: real sweeps (spawned gloo ranks), metrics.json and
+results.csv read back, the seed scenario's dry run, plots from the jobs, and each bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import SweepRun, planned_tag, run_sweepbench
+
+FAST = ["benchmark=attention", "model=tiny", "backend=gloo", "benchmark.iters=2", "benchmark.warmup=1",
+        "benchmark.t1_iters=1"]
+GRID = [*FAST, "parallelism=cp1,cp2", "benchmark.impl=ring", "benchmark.seq_len=128"]
+# segment 128 spans both ranks' zigzag chunks of 32: its sparsified K/V are gathered
+DILATED = [*FAST, "parallelism=cp2", "benchmark.impl=ring", "benchmark.pattern=dilated",
+           "benchmark.seq_len=128", "benchmark.segment_lengths=[16,128]", "benchmark.dilation_rates=[1,2]",
+           "benchmark.causal=false"]
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory: pytest.TempPathFactory) -> SweepRun:
+    run = run_sweepbench(GRID, sweep_dir=tmp_path_factory.mktemp("attention") / "sweep")
+    assert run.rc == 0, run.describe()
+    return run
+
+
+def _case(m: dict[str, Any]) -> dict[str, Any]:
+    assert m["status"] == "ok" and m["verified"] is True, m.get("error")
+    [case] = m["results"]["cases"]
+    return case
+
+
+def test_grid_jobs_verified_and_reported(grid: SweepRun, compose) -> None:
+    metrics = grid.all_metrics()
+    assert len(metrics) == 2
+    for impl in ("ring",):
+        for par, w in (("cp1", 1), ("cp2", 2)):
+            tag = planned_tag(compose, *FAST, f"parallelism={par}", f"benchmark.impl={impl}", "benchmark.seq_len=128")
+            case = _case(metrics[tag])
+            assert case["world_size"] == w and case["seq_len"] == 128 and case["impl"] == impl
+            assert case["placement"] == ("zigzag" if impl == "ring" else "contiguous")
+            assert case["sdpa_backend"] == case["t1_backend"] == "cpu_flash"
+            assert len(case["per_rank"]) == w and all(r["total_median_s"] > 0 for r in case["per_rank"])
+            for part in ("fwd", "bwd", "total"):
+                assert 0 < case[f"{part}_min_s"] <= case[f"{part}_median_s"] <= case[f"{part}_max_s"]
+                assert case[f"{part}_iqr_s"] >= 0
+            assert case["efficiency"] == pytest.approx(case["t1_s"] / (w * case["median_s"]))
+            flops = 4 * 2 * 8 * 8 * 128 ** 2 * 0.5 * 3.5  # batch 2, 8 heads of 8, causal fwd+bwd
+            assert case["flop_count"] == flops
+            assert case["tflops"] == pytest.approx(flops / case["median_s"] / 1e12)
+            assert case["exposed_comm_s"] == pytest.approx(case["median_s"] - case["no_comm_median_s"])
+            s = metrics[tag]["results"]["summary"]
+            assert s["total_median_ms"] == pytest.approx(case["median_s"] * 1e3)
+            assert s["tokens_per_s"] == pytest.approx(2 * 128 / case["median_s"])
+    rows = grid.results()
+    assert len(rows) == 2 and (rows["status"] == "ok").all()
+    assert all(t.startswith("attention-ring-dense-128_tiny_cp") for t in rows["tag"])
+    assert {"efficiency", "total_median_ms", "tflops_per_gpu"} <= set(rows.columns)
+
+
+def test_plots_from_the_jobs(grid: SweepRun) -> None:
+    from sweepbench.benchmarks.registry import get_benchmark
+
+    plots = get_benchmark("attention").plots(list(grid.all_metrics().values()))
+    titles = [p.title for p in plots]
+    assert titles[:3] == ["Speedup over one device @128 tokens", "Scaling efficiency @128 tokens",
+                          "Peak memory per rank @128 tokens"]
+    assert titles[3] == "Efficiency of ring: sequence length x ring size"
+    lines = plots[1].figure.axes[0].get_lines()
+    assert any(list(line.get_xdata()) == [1, 2] for line in lines)
+
+
+def test_dilated_ring_non_causal(tmp_path: Path) -> None:
+    run = run_sweepbench(DILATED, sweep_dir=tmp_path / "sweep")
+    assert run.rc == 0, run.describe()
+    [m] = run.all_metrics().values()
+    case = _case(m)
+    assert case["pattern"] == "dilated" and case["segment_lengths"] == [16, 128] and case["world_size"] == 2
+    # dilated pairs: 8 segments of 16^2 + one segment of (128/2)^2, non-causal, fwd+bwd
+    assert case["flop_count"] == 4 * 2 * 8 * 8 * (8 * 16 ** 2 + 64 ** 2) * 3.5
+
+
+def test_seed_scenario_dry_run(tmp_path: Path, compose) -> None:
+    run = run_sweepbench(["experiment=ring_dilated_seed_cpu", "sweep.dry_run=true"], sweep_dir=tmp_path / "sweep")
+    assert run.rc == 0, run.describe()
+    assert "12 jobs" in run.stdout
+    for par in ("cp1", "cp2", "cp4", "cp8"):
+        for seq in (256, 512, 1024):
+            tag = planned_tag(compose, "benchmark=attention", "experiment=ring_dilated_seed_cpu", f"parallelism={par}",
+                              f"benchmark.seq_len={seq}")
+            assert tag in run.stdout and f"-dilated-{seq}_tiny_{par}_" in tag
+    assert not (tmp_path / "sweep").exists()
+    gpu = run_sweepbench(["experiment=ring_dilated_seed", "sweep.dry_run=true"], sweep_dir=tmp_path / "gpu")
+    assert gpu.rc == 0 and "12 jobs" in gpu.stdout and "_small_cp8_" in gpu.stdout, gpu.describe()
+
+
+BAD = {
+    "zigzag": (["benchmark.seq_len=100", "parallelism=cp4"],
+               "benchmark.seq_len=100 is not divisible by 2·W = 8 (zigzag placement of impl=ring)"),
+    "segment": (["benchmark.pattern=dilated", "benchmark.seq_len=96", "benchmark.segment_lengths=[64]",
+                 "benchmark.dilation_rates=[1]"], "benchmark.seq_len=96 is not divisible by segment length 64"),
+    "rate": (["benchmark.pattern=dilated", "benchmark.seq_len=128", "benchmark.segment_lengths=[32]",
+              "benchmark.dilation_rates=[3]"], "dilation rate 3 does not divide its segment length 32"),
+    "counts": (["benchmark.pattern=dilated", "benchmark.seq_len=128", "benchmark.segment_lengths=[32,64]",
+                "benchmark.dilation_rates=[1]"], "must be non-empty lists of the same length"),
+    "ulysses_heads": (["benchmark.impl=ulysses", "parallelism=cp2", "model.num_heads=3", "model.num_kv_heads=3",
+                       "model.hidden_size=48", "benchmark.seq_len=128"],
+                      "impl=ulysses needs model.num_heads=3 divisible by the ring size 2"),
+    "torch_cp_cpu": (["benchmark.impl=torch_cp", "parallelism=cp2", "benchmark.seq_len=128"],
+                     "impl=torch_cp runs on cuda only, not cpu (on cpu: ring, ring_naive, allgather, ulysses)"),
+    "gpu_sdpa_on_cpu": (["benchmark.sdpa_backend=cudnn", "benchmark.seq_len=128"],
+                        "benchmark.sdpa_backend='cudnn' does not run on cpu; valid: auto, cpu_flash"),
+    "impl": (["benchmark.impl=flash3"], "benchmark.impl='flash3' is not valid; choose one of ring, ring_naive"),
+    "not_cp": (["parallelism=tp2"], "benchmark=attention splits the sequence only: use parallelism=cp1/cp2/cp4/cp8"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_input_one_line_exit_2(tmp_path: Path, name: str) -> None:
+    args, message = BAD[name]
+    run = run_sweepbench(["benchmark=attention", "model=tiny", "backend=gloo", "parallelism=cp1", *args],
+                         sweep_dir=tmp_path / "s",
+                         multirun=False)
+    assert run.rc == 2, run.describe()
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sweepbench: error: ") and message in lines[0], run.stderr
+    assert not (tmp_path / "s").exists()
