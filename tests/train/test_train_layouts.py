@@ -91,3 +91,16 @@ def test_lora_counts_frozen_weights_as_forward_and_input_grad() -> None:
     assert shape.lora_params(r) * 4 == adapters
     expected = 4 * (HAND_PARAMS - 512 * 64) + 6 * adapters + 6 * 4 * 8 * 2 * 8 * 128
     assert flops_per_token(shape, 128, lora_rank=r) == expected
+
+
+def test_plots(layouts: SweepRun) -> None:
+    from sweepbench.benchmarks.train import TrainBenchmark
+
+    jobs = list(layouts.all_metrics().values())
+    plots = TrainBenchmark.plots(jobs)
+    assert [p.title for p in plots] == ["tokens/s per GPU", "MFU", "peak memory"]
+    lines = plots[0].figure.axes[0].get_lines()
+    # one line per layout family (dp, tp, pp, tppp, cp), each through its job's world size
+    assert {line.get_label() for line in lines} >= {f"tiny {f}" for f in ("dp", "tp", "pp", "tppp", "cp")}
+    bars = plots[2].figure.axes[0].patches
+    assert len(bars) == len(LAYOUTS) and all(b.get_height() > 0 for b in bars)
