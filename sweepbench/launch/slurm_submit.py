@@ -183,9 +183,15 @@ def launch_jobs(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_j
             for s in specs]
 
 
+def _by_driver(spec: JobSpec, why: str) -> str:
+    """env.json's note when the driver writes it: its own environment, not the ranks'."""
+    ranks = f"; the ranks' interpreter was launch.python={spec.request.python}" if spec.request.python else ""
+    return f"the sweep driver: {why} (this is the driver's environment{ranks})"
+
+
 def _record_unsubmitted(spec: JobSpec, error: str, group: str) -> JobReturn:
     say(f"{spec.tag}: failed ({error})")
-    env = {**capture_env(), "recorded_by": "the sweep driver: the job was not submitted"}
+    env = {**capture_env(), "recorded_by": _by_driver(spec, "the job was not submitted")}
     record_job(spec.cfg, JobOutcome("failed", error), job_dir=spec.job_dir, tag=spec.tag, world_size=spec.world_size,
                overrides=spec.user_overrides, group=group, wall_time_s=0.0, env=env,
                extra={"slurm": {"job_id": None, "state": "NOT_SUBMITTED", "exit_code": None, "logs": None}})
@@ -247,7 +253,7 @@ def finish(spec: JobSpec, t: Tracked, *, label: str, group: str) -> JobReturn:
         shutil.rmtree(spec.job_dir / "wandb", ignore_errors=True)
         env = read_json(spec.job_dir / ENV_FILE) or {
             **capture_env(), "slurm": {"job_id": str(t.job.job_id)},
-            "recorded_by": "the sweep driver: the job left no env.json"}
+            "recorded_by": _by_driver(spec, "the job left no env.json")}
         record_job(spec.cfg, JobOutcome(status, error), job_dir=spec.job_dir, tag=spec.tag,
                    world_size=spec.world_size, overrides=spec.user_overrides, group=group,
                    wall_time_s=t.info.elapsed_s or 0.0, env=env, extra={"slurm": slurm})

@@ -5,7 +5,8 @@ max_num_timeout=1), resume, jobs SLURM refuses or would never start, the local v
 (The per-job request and its sbatch script: test_slurm_request.py.)
 
 Every sweep is a real ``python -m sweepbench`` subprocess; the time-limit sweep (about 75 s) is
-started first, in the background, so that its wait overlaps the other tests."""
+started first, in the background, so that its wait overlaps the other tests. Timeouts leave room
+for a 2-core machine shared with other work (a load of 12 doubles a sweep's time)."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def local_sweep(tmp_path_factory: pytest.TempPathFactory) -> SweepRun:
 # ---------------------------------------------------------------- a sweep on SLURM
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 def test_slurm_sweep_matches_a_local_sweep(slurm_sweep: SweepRun, local_sweep: SweepRun,
                                            compose: Callable[..., DictConfig]) -> None:
     tags = set(grid_tags(compose, ["benchmark=collective", *SMALL], "parallelism", ["tp2", "dp2", "cp2"]).values())
@@ -128,7 +129,7 @@ def test_jobs_really_ran_as_slurm_tasks(slurm_sweep: SweepRun, slurm_cluster: Sl
     assert re.search(r"slurm job \S+ \S+: RUNNING", slurm_sweep.stdout)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_resubmitting_skips_jobs_already_ok(slurm_sweep: SweepRun) -> None:
     first = dict(re.findall(r"submitted (\S+) as slurm job (\S+):", slurm_sweep.stdout))
     redo = sorted(first)[0]
@@ -146,7 +147,7 @@ def test_resubmitting_skips_jobs_already_ok(slurm_sweep: SweepRun) -> None:
 # ---------------------------------------------------------------- failures
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)
 def test_hard_deaths_are_recorded_and_other_jobs_kept(slurm_cluster: SlurmCluster, tmp_path: Path,
                                                       compose: Callable[..., DictConfig]) -> None:
     run = run_sweepbench([*SLURM, *FAULT_GRID], sweep_dir=tmp_path / "sweep")
@@ -192,7 +193,7 @@ def test_time_limit_is_a_timeout_and_a_time_out_requeue_finishes(time_limit_swee
     assert f"{tags['1']}: finished, failed" in run.stdout
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)
 def test_scontrol_requeue_reruns_the_job_to_ok(slurm_cluster: SlurmCluster, tmp_path: Path,
                                                compose: Callable[..., DictConfig]) -> None:
     args = ["benchmark=collective", "parallelism=tp2", "fault.kind=hang_until_requeued", *TINY]
@@ -218,7 +219,7 @@ def test_scontrol_requeue_reruns_the_job_to_ok(slurm_cluster: SlurmCluster, tmp_
     assert_requeued_and_done(run.stdout, tag)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_a_job_slurm_would_never_start_fails_alone(slurm_cluster: SlurmCluster, tmp_path: Path,
                                                    compose: Callable[..., DictConfig]) -> None:
     """tp4 at 2 ranks a node asks for 2 nodes of a 1-node partition: SLURM queues it for ever
@@ -243,10 +244,11 @@ def test_a_refused_submission_is_a_failed_job(slurm_cluster: SlurmCluster, tmp_p
     m = run.metrics(job.name)
     assert m["status"] == "failed" and m["slurm"]["state"] == "NOT_SUBMITTED"
     assert m["error"].startswith("submission failed: ") and "invalid partition" in m["error"], m["error"]
-    assert (job / "env.json").exists() and run.results()["status"].tolist() == ["failed"]
+    assert run.results()["status"].tolist() == ["failed"]
+    assert run.env_json(job.name)["recorded_by"].startswith("the sweep driver: the job was not submitted")
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_local_variant_runs_the_same_path_without_slurm(tmp_path: Path, compose: Callable[..., DictConfig]) -> None:
     grid = ["benchmark=collective", "parallelism=tp2", "fault.rank=1", "fault.kind=none,kill", *TINY]
     run = run_sweepbench(["hydra/launcher=slurm_local", *grid], sweep_dir=tmp_path / "sweep")
