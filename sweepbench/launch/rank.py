@@ -77,7 +77,7 @@ def rank_device(backend: str, local_rank: int) -> "torch.device":
 
 def run_rank(
     cfg: DictConfig, *, rank: int, world_size: int, local_rank: int, ranks_per_node: int,
-    store: "dist.Store | None" = None, progress_sink: "Sink | None" = None,
+    store: "dist.Store | None" = None, progress_sink: "Sink | None" = None, job_dir: Path | None = None,
 ) -> dict[str, Any] | None:
     """Run the benchmark on this rank; rank 0 returns the job's payload, other ranks None.
 
@@ -109,7 +109,7 @@ def run_rank(
     # it first would close the peers' connections before this rank has reported its error, and a
     # peer's "connection closed" could then be reported as the job's failure instead of the cause.
     ctx = RankContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device,
-                      backend=backend, cfg=cfg)
+                      backend=backend, cfg=cfg, job_dir=job_dir)
     progress.install(rank=rank, sink=progress_sink)
     maybe_inject_fault(cfg, rank)
     reset_peaks(device)
@@ -152,7 +152,7 @@ def main() -> None:
                               timeout=timedelta(seconds=cfg.launch.timeout_s))
         sink = _store_sink(store, spec["progress_key"]) if rank == 0 else None
         payload = run_rank(cfg, rank=rank, world_size=world_size, local_rank=rank, ranks_per_node=world_size,
-                           store=store, progress_sink=sink)
+                           store=store, progress_sink=sink, job_dir=job_dir)
         if payload is not None:
             payload["env"] = capture_env()  # the versions the ranks ran with, not the driver's
             write_json_atomic(spec["payload"], payload)
