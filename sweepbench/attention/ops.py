@@ -57,15 +57,14 @@ def _cpu_bwd(dout, q, k, v, out, lse, aux, causal, scale):
 
 def _cudnn_fwd(q, k, v, causal, scale):
     r = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False, scale=scale)
-    lse = r[1]
-    lse = lse.squeeze(-1) if lse.dim() == 4 else lse  # cuDNN keeps a trailing dim of 1
-    return r[0], lse.float(), (r[6], r[7])
+    lse, trailing = r[1], r[1].dim() == 4  # cuDNN may keep a trailing dim of 1: given back as it came
+    return r[0], (lse.squeeze(-1) if trailing else lse).float(), (r[6], r[7], trailing)
 
 
 def _cudnn_bwd(dout, q, k, v, out, lse, aux, causal, scale):
-    seed, offset = aux
+    seed, offset, trailing = aux
     return aten._scaled_dot_product_cudnn_attention_backward(
-        dout, q, k, v, out, lse.unsqueeze(-1).contiguous(), seed, offset, None, None, None,
+        dout, q, k, v, out, (lse.unsqueeze(-1) if trailing else lse).contiguous(), seed, offset, None, None, None,
         q.shape[2], k.shape[2], 0.0, causal, scale=scale)
 
 
@@ -143,15 +142,21 @@ def merge_(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_
 
 
 def attend(backend: SdpaBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: Sequence[Block], *,
-           scale: float, out: torch.Tensor, lse: torch.Tensor) -> Aux:
+           scale: float, out: torch.Tensor, lse: torch.Tensor, fresh: bool = False) -> Aux:
     """Merge ``blocks`` into the fp32 accumulators ``out`` (B, H, Lq, D) and ``lse`` (B, H, Lq);
-    returns the aux tensors (RNG state) of the last op call, which a backward call needs."""
+    returns the aux tensors (RNG state) of the last op call, which a backward call needs.
+    ``fresh``: the accumulators are empty and the blocks' rows disjoint, so the results are copied
+    in (one pass instead of a merge's several: the ring's first step)."""
     aux: Aux = ()
     heads = q.shape[1]
     for b in blocks:
         o, l, aux = backend.forward(q[:, :, b.q].contiguous(), _expand(k[:, :, b.k], heads).contiguous(),
                                     _expand(v[:, :, b.k], heads).contiguous(), b.causal, scale)
-        merge_(out[:, :, b.q], lse[:, :, b.q], o, l)
+        if fresh:
+            out[:, :, b.q].copy_(o)
+            lse[:, :, b.q].copy_(l)
+        else:
+            merge_(out[:, :, b.q], lse[:, :, b.q], o, l)
     return aux
 
 

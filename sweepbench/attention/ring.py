@@ -80,7 +80,8 @@ class RingAttention(torch.autograd.Function):
             cur, nxt = bufs[s % 2], bufs[(s + 1) % 2]
             pending = _exchange(comm, cur, nxt, now=False) if s < w - 1 and opt.overlap else None
             blocks = schedule(r, (r - s) % w, n, opt.causal)
-            step_aux = attend(opt.backend, q, cur[0], cur[1], blocks, scale=opt.scale, out=out, lse=lse)
+            step_aux = attend(opt.backend, q, cur[0], cur[1], blocks, scale=opt.scale, out=out, lse=lse,
+                              fresh=s == 0)  # step 0 covers every row exactly once
             aux = step_aux if aux is None else aux
             if s < w - 1:
                 pending = pending or _exchange(comm, cur, nxt, now=True)
