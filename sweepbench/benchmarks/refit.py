@@ -16,14 +16,12 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-from sweepbench.benchmarks.base import Benchmark, BenchmarkResult
+from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline
 from sweepbench.benchmarks.layouts import as_node, degrees_of, parse_layout, world_of
 from sweepbench.benchmarks.registry import register
 from sweepbench.benchmarks.transfer import TransferConfig, check_transfer_options, time_transfer, transfer_strategy
 from sweepbench.config.validate import check_layout
-from sweepbench.measure import summarize
-from sweepbench.measure.link import probe_links
-from sweepbench.parallel import Layout, make_plan, model_layout
+from sweepbench.parallel import Layout, make_plan, model_layout, model_param_specs, total_bytes
 
 
 @dataclass
@@ -57,6 +55,23 @@ class RefitBenchmark(Benchmark):
         return len(set(train_ranks) | set(infer_ranks))
 
     @classmethod
+    def headline(cls, cfg: DictConfig) -> list[Headline]:
+        return [Headline("refit_median_s", "refit median s"), Headline("refit_iqr_s", "IQR s"),
+                Headline("link_floor_s", "link floor s"), Headline("fraction_of_link", "floor/time"),
+                Headline("effective_gbps", "effective GB/s")]
+
+    @classmethod
+    def memory_bytes(cls, cfg: DictConfig, world_size: int) -> int:
+        """A rank's training and inference shards, two buckets and the link probe's buffers (the
+        naive strategy gathers the whole model on one rank)."""
+        model = total_bytes(model_param_specs(cfg.model))
+        train, _, infer, _ = _placements(cfg)
+        shards = sum(model // (d["tp"] * d["pp"]) for d in (train, infer))
+        gathered = model if cfg.benchmark.strategy == "naive" else 0
+        probe = cfg.benchmark.probe_bytes or (4 << 20)
+        return shards + gathered + 2 * cfg.benchmark.bucket_bytes + 2 * probe
+
+    @classmethod
     def validate(cls, cfg: DictConfig) -> None:
         b = cfg.benchmark
         infer = parse_layout(b.inference, key="benchmark.inference")
@@ -69,6 +84,9 @@ class RefitBenchmark(Benchmark):
         return model_layout(model, train_ranks, **train), model_layout(model, infer_ranks, **infer)
 
     def run(self) -> BenchmarkResult:
+        from sweepbench.measure import summarize
+        from sweepbench.measure.link import probe_links
+
         ctx, cfg = self.ctx, self.cfg
         src, dst = self.layouts()
         strategy = transfer_strategy(ctx.backend, cfg.strategy)

@@ -40,12 +40,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from sweepbench.benchmarks.base import Benchmark, BenchmarkResult
+from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline
 from sweepbench.benchmarks.registry import register
 from sweepbench.benchmarks.reshard_suites import ResolvedCase, mesh_str, suite_cases
 from sweepbench.benchmarks.transfer import TransferConfig, check_transfer_options, time_transfer, transfer_strategy
-from sweepbench.measure import summarize
-from sweepbench.measure.link import probe_links
 from sweepbench.parallel import Plan, make_plan
 
 # the summary (results.csv, wandb) holds these per case, as <case>_<key>
@@ -101,6 +99,20 @@ class Floor:
 class ReshardBenchmark(Benchmark):
     schema = ReshardConfig
     tag_keys = ("suite", "strategy")
+    tag_groups = ("backend",)  # its meshes come from the suite, not from model/parallelism/mode
+
+    @classmethod
+    def headline(cls, cfg: DictConfig) -> list[Headline]:
+        """The suite's largest non-trivial case (the 1-to-1 copy says little about a strategy)."""
+        cases = [rc for rc in suite_cases(cfg.benchmark) if rc.case.world > 2] or suite_cases(cfg.benchmark)
+        name = max(cases, key=lambda rc: (rc.case.world, rc.name)).name
+        return [Headline(f"{name}_{k}", f"{name} {label}") for k, label in
+                (("median_s", "median s"), ("effective_gbps", "GB/s"), ("fraction_of_link", "floor/time"))]
+
+    @classmethod
+    def memory_bytes(cls, cfg: DictConfig, world_size: int) -> int:
+        # a rank holds at most a source and a destination copy of a case's tensor, plus the probe's
+        return 4 * cfg.benchmark.tensor_bytes + 2 * (cfg.benchmark.probe_bytes or cfg.benchmark.tensor_bytes)
 
     @classmethod
     def world_size(cls, cfg: DictConfig) -> int:
@@ -115,6 +127,8 @@ class ReshardBenchmark(Benchmark):
         suite_cases(b)
 
     def run(self) -> BenchmarkResult:
+        from sweepbench.measure.link import probe_links
+
         ctx, cfg = self.ctx, self.cfg
         strategy = transfer_strategy(ctx.backend, cfg.strategy)
         resolved = suite_cases(cfg)
@@ -129,6 +143,8 @@ class ReshardBenchmark(Benchmark):
                                extra={"suite": cfg.suite, "strategy": strategy})
 
     def _case(self, rc: ResolvedCase, strategy: str, link: dict[str, float]) -> dict[str, Any]:
+        from sweepbench.measure import summarize
+
         ctx, cfg = self.ctx, self.cfg
         src, dst = rc.src, rc.dst
         floor = Floor.of(make_plan(src, dst, balance="size", fanout=True))

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from sweepbench.parallel import DeviceMesh, Layout, Registry, parse_spec, tensor_layout
-from sweepbench.parallel.specs import DTYPES, torch_dtype
+from sweepbench.parallel.specs import DTYPES, dtype_name
 
 _MESH = r"[1-9][0-9]*(?:x[1-9][0-9]*)*"
 _SPEC = r"(?:R|S[0-9]+)+"
@@ -73,7 +73,7 @@ class Case:
     def shape(self, tensor_bytes: int, dtype: str) -> tuple[int, ...]:
         """The tensor of about ``tensor_bytes`` (never more) this case moves."""
         ndim = len(parse_spec(self.dst_spec))
-        itemsize = torch_dtype(dtype).itemsize
+        itemsize = DTYPES[dtype_name(dtype)]
         divs = [self.parts(d) for d in range(ndim)]
         rem, dims = tensor_bytes // itemsize, []
         for d in range(ndim - 1):

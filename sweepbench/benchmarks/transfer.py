@@ -7,15 +7,17 @@ weights; ``verified`` is true only if every rank checked every iteration."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any, Callable
 
 from sweepbench.benchmarks.base import RankContext, VerificationError
 from sweepbench.config.schema import BenchmarkConfig
-from sweepbench.measure import time_iterations
-from sweepbench.parallel import BALANCE, STRATEGIES, Layout, Plan, allocate_shards, build_shards, make_executor, plan_for, verify_shards
+from sweepbench.parallel import BALANCE, STRATEGIES
+
+if TYPE_CHECKING:  # torch and the executors are imported where a transfer runs, on the ranks
+    import torch
+
+    from sweepbench.parallel import Layout, Plan
+
 
 @dataclass
 class TransferConfig(BenchmarkConfig):
@@ -69,6 +71,11 @@ def time_transfer(src: Layout, dst: Layout, *, ctx: RankContext, cfg: Any, strat
                   label: str) -> TimedTransfer:
     """Every rank of the default group calls this with the same layouts; ``cfg`` is the
     benchmark config (balance, bucket_bytes, seed, warmup, iters, local_allgather)."""
+    import torch.distributed as dist
+
+    from sweepbench.measure import time_iterations
+    from sweepbench.parallel import allocate_shards, build_shards, make_executor, plan_for, verify_shards
+
     plan = plan_for(src, dst, strategy=strategy, balance=cfg.balance)
     src_shards = build_shards(src, ctx.rank, seed=cfg.seed, device=ctx.device) if ctx.rank in src.ranks else {}
     dst_shards = allocate_shards(dst, ctx.rank, device=ctx.device)

@@ -14,24 +14,32 @@ A single tensor on device meshes: ``tensor_layout(shape, DeviceMesh.of(ranks,
 mesh_shape), "S0R", dtype=...)`` gives a layout used exactly the same way.
 """
 
-from .boxes import Box, DimSplit, Piece, box_numel, box_shape, box_slices, intersect
-from .comm import DEFAULT_BUCKET_BYTES, STRATEGIES, Executor, subgroup
-from .execute import clear_cache, execute, make_executor, plan_for, strategy_fanout
-from .layout import AXES, Layout, ModelPlacement, ShardInfo, model_layout
-from .materialize import allocate_shards, bit_equal, build_shards, expected_shard, fill_box, verify_shards
-from .mesh import DeviceMesh, MeshPlacement, parse_spec, spec_str, tensor_layout
-from .plan import BALANCE, Plan, Route, check_plan, make_plan
-from .registry import Registry
-from .rules import RULES
-from .specs import DTYPES, ModelShape, ParamSpec, dtype_name, model_param_specs, torch_dtype, total_bytes
+import importlib
+from typing import Any
 
-__all__ = [
-    "AXES", "BALANCE", "DEFAULT_BUCKET_BYTES", "DTYPES", "RULES", "STRATEGIES",
-    "Box", "DeviceMesh", "DimSplit", "Executor", "Layout", "MeshPlacement", "ModelPlacement",
-    "ModelShape", "ParamSpec", "Piece", "Plan", "Registry", "Route", "ShardInfo",
-    "allocate_shards", "bit_equal", "box_numel", "box_shape", "box_slices", "build_shards",
-    "check_plan", "clear_cache", "dtype_name", "execute", "expected_shard", "fill_box",
-    "intersect", "make_executor", "make_plan", "model_layout", "model_param_specs",
-    "parse_spec", "plan_for", "spec_str", "strategy_fanout", "subgroup", "tensor_layout",
-    "torch_dtype", "total_bytes", "verify_shards",
-]
+# name -> submodule. Resolved on first use (PEP 562), so planning and validation (boxes, layouts,
+# plans, specs) never import torch: only executing and materialising shards does.
+_EXPORTS = {
+    **dict.fromkeys(("Box", "DimSplit", "Piece", "box_numel", "box_shape", "box_slices", "intersect"), "boxes"),
+    **dict.fromkeys(("DEFAULT_BUCKET_BYTES", "Executor", "subgroup"), "comm"),
+    "STRATEGIES": "strategies",
+    **dict.fromkeys(("clear_cache", "execute", "make_executor", "plan_for", "strategy_fanout"), "execute"),
+    **dict.fromkeys(("AXES", "Layout", "ModelPlacement", "ShardInfo", "model_layout"), "layout"),
+    **dict.fromkeys(("allocate_shards", "bit_equal", "build_shards", "expected_shard", "fill_box",
+                     "verify_shards"), "materialize"),
+    **dict.fromkeys(("DeviceMesh", "MeshPlacement", "parse_spec", "spec_str", "tensor_layout"), "mesh"),
+    **dict.fromkeys(("BALANCE", "Plan", "Route", "check_plan", "make_plan"), "plan"),
+    "Registry": "registry",
+    "RULES": "rules",
+    **dict.fromkeys(("DTYPES", "ModelShape", "ParamSpec", "dtype_name", "model_param_specs", "torch_dtype",
+                     "total_bytes"), "specs"),
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value

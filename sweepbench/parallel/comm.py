@@ -13,12 +13,11 @@ import torch.distributed as dist
 
 from .boxes import box_numel, box_slices
 from .plan import Plan, Route
-from .registry import Registry
+from .strategies import STRATEGIES
 
 Shards = Mapping[str, torch.Tensor]
 DEFAULT_BUCKET_BYTES = 32 << 20
 
-STRATEGIES: Registry[type[Executor]] = Registry("strategy")
 
 # ---------------------------------------------------------------------------- groups
 

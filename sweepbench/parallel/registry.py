@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -14,6 +15,12 @@ class Registry(Generic[T]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._items: dict[str, T] = {}
+        self._modules: dict[str, str] = {}  # declared name -> module that registers it on import
+
+    def declare(self, name: str, module: str) -> None:
+        """Make ``name`` valid before its module is imported (validation on the driver, which
+        never imports torch): ``get`` imports ``module``, which must register ``name``."""
+        self._modules[name] = module
 
     def register(self, name: str) -> Callable[[T], T]:
         """Decorator: ``@REG.register("name")`` adds the decorated object under ``name``."""
@@ -27,18 +34,18 @@ class Registry(Generic[T]):
         return deco
 
     def get(self, name: str) -> T:
+        if name not in self._items and name in self._modules:
+            importlib.import_module(self._modules[name])
         try:
             return self._items[name]
         except KeyError:
-            raise ValueError(
-                f"unknown {self.kind} {name!r}; valid: {', '.join(sorted(self._items))}"
-            ) from None
+            raise ValueError(f"unknown {self.kind} {name!r}; valid: {', '.join(self.names())}") from None
 
     def names(self) -> tuple[str, ...]:
-        return tuple(sorted(self._items))
+        return tuple(sorted(set(self._items) | set(self._modules)))
 
     def __contains__(self, name: object) -> bool:
-        return name in self._items
+        return name in self._items or name in self._modules
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())

@@ -5,33 +5,33 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+# dtype name -> bytes per element (plans and validation need no torch; torch_dtype() does)
+DTYPES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 _ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 
 
-def dtype_name(dtype: str | torch.dtype) -> str:
+def dtype_name(dtype: "str | torch.dtype") -> str:
     """Canonical dtype name ("float32" | "bfloat16" | "float16")."""
-    if isinstance(dtype, torch.dtype):
-        for name, dt in DTYPES.items():
-            if dt == dtype:
-                return name
-        raise ValueError(f"unsupported dtype {dtype}; valid: {', '.join(DTYPES)}")
+    if not isinstance(dtype, str):  # a torch.dtype: its name is str(dtype) without "torch."
+        name = str(dtype).removeprefix("torch.")
+        if name not in DTYPES:
+            raise ValueError(f"unsupported dtype {dtype}; valid: {', '.join(DTYPES)}")
+        return name
     name = _ALIASES.get(dtype, dtype)
     if name not in DTYPES:
         raise ValueError(f"unsupported dtype {dtype!r}; valid: {', '.join(DTYPES)}")
     return name
 
 
-def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    return DTYPES[dtype_name(dtype)]
+def torch_dtype(dtype: "str | torch.dtype") -> "torch.dtype":
+    import torch
+
+    return getattr(torch, dtype_name(dtype))
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class ParamSpec:
 
     @property
     def itemsize(self) -> int:
-        return torch.empty((), dtype=DTYPES[self.dtype]).element_size()
+        return DTYPES[self.dtype]
 
     @property
     def nbytes(self) -> int:

@@ -1,0 +1,92 @@
+"""Collective operations as nccl-tests measures them: for each op, buffers with known inputs, the
+call to time, a reset and the exact expected output, plus nccl-tests' bus-bandwidth factor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+# torch 2.13 renamed the tensor forms (the old names warn); older torch has only the old names
+_all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def _pattern(numel: int, rank: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Small integers, exact in every dtype even after summing over 64 ranks."""
+    return ((torch.arange(numel, device=device) % 3) + rank + 1).to(dtype)
+
+
+@dataclass
+class Buffers:
+    run: Callable[[], None]
+    reset: Callable[[], None]
+    output: torch.Tensor
+    expected: torch.Tensor
+
+
+def _all_reduce(numel: int, r: int, n: int, dt: torch.dtype, dev: torch.device) -> Buffers:
+    buf = torch.empty(numel, dtype=dt, device=dev)
+    expected = sum(_pattern(numel, k, torch.float64, dev) for k in range(n)).to(dt)
+    return Buffers(lambda: dist.all_reduce(buf), lambda: buf.copy_(_pattern(numel, r, dt, dev)), buf, expected)
+
+
+def _all_gather(numel: int, r: int, n: int, dt: torch.dtype, dev: torch.device) -> Buffers:
+    chunk = numel // n
+    inp, out = _pattern(chunk, r, dt, dev), torch.empty(chunk * n, dtype=dt, device=dev)
+    expected = torch.cat([_pattern(chunk, k, dt, dev) for k in range(n)])
+    return Buffers(lambda: _all_gather_tensor(out, inp), lambda: out.fill_(-1), out, expected)
+
+
+def _reduce_scatter(numel: int, r: int, n: int, dt: torch.dtype, dev: torch.device) -> Buffers:
+    chunk = numel // n
+    inp, out = _pattern(chunk * n, r, dt, dev), torch.empty(chunk, dtype=dt, device=dev)
+    full = sum(_pattern(chunk * n, k, torch.float64, dev) for k in range(n))
+    expected = full[r * chunk:(r + 1) * chunk].to(dt)
+    return Buffers(lambda: _reduce_scatter_tensor(out, inp), lambda: out.fill_(-1), out, expected)
+
+
+def _broadcast(numel: int, r: int, n: int, dt: torch.dtype, dev: torch.device) -> Buffers:
+    buf = torch.empty(numel, dtype=dt, device=dev)
+    reset = (lambda: buf.copy_(_pattern(numel, 0, dt, dev))) if r == 0 else (lambda: buf.fill_(-1))
+    return Buffers(lambda: dist.broadcast(buf, src=0), reset, buf, _pattern(numel, 0, dt, dev))
+
+
+def _all_to_all(numel: int, r: int, n: int, dt: torch.dtype, dev: torch.device) -> Buffers:
+    chunk = numel // n
+    # rank r's chunk j holds 100*r + j + 1: after the exchange, chunk k of rank r came from rank k
+    inp = torch.cat([torch.full((chunk,), 100 * r + j + 1, dtype=dt, device=dev) for j in range(n)])
+    out = torch.empty(chunk * n, dtype=dt, device=dev)
+    expected = torch.cat([torch.full((chunk,), 100 * k + r + 1, dtype=dt, device=dev) for k in range(n)])
+    return Buffers(lambda: dist.all_to_all_single(out, inp), lambda: out.fill_(-1), out, expected)
+
+
+def _send_recv(numel: int, r: int, n: int, dt: torch.dtype, dev: torch.device) -> Buffers:
+    """A ring: every rank sends to r+1 and receives from r-1 at once."""
+    send, recv = _pattern(numel, r, dt, dev), torch.empty(numel, dtype=dt, device=dev)
+
+    def run() -> None:
+        ops = [dist.P2POp(dist.isend, send, (r + 1) % n), dist.P2POp(dist.irecv, recv, (r - 1) % n)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+    return Buffers(run, lambda: recv.fill_(-1), recv, _pattern(numel, (r - 1) % n, dt, dev))
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    build: Callable[..., Buffers]
+    busbw_factor: Callable[[int], float]
+    min_ranks: int = 1
+
+
+OPS: dict[str, OpSpec] = {
+    "all_reduce": OpSpec(_all_reduce, lambda n: 2 * (n - 1) / n),
+    "all_gather": OpSpec(_all_gather, lambda n: (n - 1) / n),
+    "reduce_scatter": OpSpec(_reduce_scatter, lambda n: (n - 1) / n),
+    "broadcast": OpSpec(_broadcast, lambda n: 1.0),
+    "all_to_all": OpSpec(_all_to_all, lambda n: (n - 1) / n),
+    "send_recv": OpSpec(_send_recv, lambda n: 1.0, min_ranks=2),
+}

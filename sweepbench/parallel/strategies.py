@@ -1,0 +1,15 @@
+"""The strategy registry, importable without torch: each strategy is declared with the module that
+implements (and registers) it, so a config can be validated on the driver before any rank starts."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .registry import Registry
+
+if TYPE_CHECKING:
+    from .comm import Executor
+
+STRATEGIES: Registry[type[Executor]] = Registry("strategy")
+for _name, _module in {"send_recv": "p2p", "broadcast": "collective", "naive": "naive", "nvshmem": "symm"}.items():
+    STRATEGIES.declare(_name, f"{__package__}.{_module}")
