@@ -65,3 +65,20 @@ def check_cases(rank: int, world_size: int, size: int, cases: list[dict[str, Any
         return []
     comm = Comm(_GROUPS[size])
     return [check_case(rank, size, case, comm=comm) for case in cases]
+
+
+def torch_cp_layout(rank: int, world_size: int, seq_len: int) -> list[int]:
+    """The tokens torch's context_parallel gives this rank (its load balancer, on CPU/gloo: only the
+    layout is exercised here; its attention runs on CUDA only)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.experimental import context_parallel
+
+    from sweepbench.attention.torch_cp import torch_cp_context
+
+    with torch_cp_context(Comm(), seq_len=seq_len, device=torch.device("cpu")):
+        pass  # asserts torch's placement is our zigzag
+    pos = torch.arange(seq_len)[None]
+    with context_parallel(DeviceMesh.from_group(dist.group.WORLD, "cpu"), buffers=[pos], buffer_seq_dims=[1],
+                          no_restore_buffers={pos}):
+        return pos[0].tolist()

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from tests.attention.cases import check_case, check_cases
+from tests.attention.cases import check_case, check_cases, torch_cp_layout
 
 CPU_IMPLS = ["ring", "ring_naive", "allgather", "ulysses"]
 # 64 tokens: zigzag chunks of 8 at W=4; segments 8 (inside a chunk) and 32 (spanning ranks)
@@ -39,3 +39,11 @@ def test_mha_and_gqa_shapes(world4) -> None:
     odd = [{"impl": "ulysses", "causal": True, "pattern": p, **{**SHAPE, "kv_heads": 1}} for p in ("dense", "dilated")]
     errors = world4.run(check_cases, 4, mha + odd)
     assert max(max(e) for e in errors) < 2e-5
+
+
+def test_torch_cp_layout_is_zigzag(world4) -> None:
+    from sweepbench.attention import positions
+
+    layouts = world4.run(torch_cp_layout, 32)
+    assert layouts == [positions("zigzag", r, 4, 32).tolist() for r in range(4)]
+    assert layouts[0] == [0, 1, 2, 3, 28, 29, 30, 31]
