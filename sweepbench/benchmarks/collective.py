@@ -76,6 +76,33 @@ class CollectiveBenchmark(Benchmark):
         # the largest case holds an input, an output and the fp64 expectation (3 buffers of S)
         return 4 * cfg.benchmark.max_bytes
 
+    @classmethod
+    def plots(cls, jobs: list[dict[str, Any]]) -> list[Plot]:
+        """busbw over message size, a line per op and world size, against each world size's
+        fastest send/recv ring: the link ceiling the job measured itself."""
+        from sweepbench.benchmarks.base import Plot
+        from sweepbench.report.plotting import line_plot, ok_cases
+
+        series: dict[str, list[tuple[float, float]]] = {}
+        ceilings: dict[str, float] = {}
+        per_ws = {}  # several jobs of one world size (dtypes, backends): name them apart
+        for job, _ in ok_cases(jobs):
+            per_ws.setdefault(job["world_size"], set()).add(job["tag"])
+        for job, case in ok_cases(jobs):
+            ws = job["world_size"]
+            which = f" {job['backend']} {case['dtype']}" if len(per_ws[ws]) > 1 else ""
+            series.setdefault(f"{case['op']} ws{ws}{which}", []).append((case["size_bytes"], case["busbw_gbps"]))
+            if case["op"] == "send_recv":
+                key = f"ceiling ws{ws}{which} (send/recv)"
+                ceilings[key] = max(ceilings.get(key, 0.0), case["busbw_gbps"])
+        if not series:
+            return []
+        fig = line_plot(series, xlabel="message size S", ylabel="busbw (GB/s)", log2_x=True, bytes_x=True,
+                        ceiling=ceilings, width=7.5, height=4.2)
+        return [Plot("collective busbw vs message size", fig,
+                     "nccl-tests' bus bandwidth per op and world size; dotted: the fastest send/recv ring "
+                     "of that world size, the link ceiling")]
+
     def _verify(self, op: str, bufs: Any, size: int) -> None:
         import torch
 

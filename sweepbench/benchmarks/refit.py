@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -70,6 +71,30 @@ class RefitBenchmark(Benchmark):
         gathered = model if cfg.benchmark.strategy == "naive" else 0
         probe = cfg.benchmark.probe_bytes or (4 << 20)
         return shards + gathered + 2 * cfg.benchmark.bucket_bytes + 2 * probe
+
+    @classmethod
+    def plots(cls, jobs: list[dict[str, Any]]) -> list[Plot]:
+        """Refit time per layout pair, strategy and mode, against its link floor."""
+        from sweepbench.benchmarks.base import Plot
+        from sweepbench.report.plotting import bar_plot, config_value, ok_cases
+
+        times: dict[str, float] = {}
+        floors: dict[str, float] = {}
+        notes: dict[str, str] = {}
+        for job, case in ok_cases(jobs):
+            label = (f"{config_value(job, 'parallelism.name')}->{config_value(job, 'benchmark.inference')} "
+                     f"{case['strategy']} {config_value(job, 'mode.name')}")
+            times[label] = case["median_s"] * 1e3
+            if 0 < case["link_floor_s"] < float("inf"):
+                floors[label] = case["link_floor_s"] * 1e3
+                notes[label] = f"{case['fraction_of_link']:.2f} of link"
+        if not times:
+            return []
+        fig = bar_plot(times, ylabel="refit median (ms)", floor=floors, annotations=notes,
+                       width=max(6.4, 0.8 * len(times)))
+        return [Plot("refit time per layout and strategy", fig,
+                     "median refit time; black line: the link floor (the busiest rank's bytes / measured "
+                     "p2p bandwidth); note: fraction_of_link = floor / time")]
 
     @classmethod
     def validate(cls, cfg: DictConfig) -> None:

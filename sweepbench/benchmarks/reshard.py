@@ -115,6 +115,34 @@ class ReshardBenchmark(Benchmark):
         return 4 * cfg.benchmark.tensor_bytes + 2 * (cfg.benchmark.probe_bytes or cfg.benchmark.tensor_bytes)
 
     @classmethod
+    def plots(cls, jobs: list[dict[str, Any]]) -> list[Plot]:
+        """Effective bandwidth per case against the bandwidth its floor allows, per job; and
+        fraction_of_link per case and job when there are several jobs."""
+        from sweepbench.benchmarks.base import Plot
+        from sweepbench.report.plotting import bar_plot, config_value, heatmap, ok_jobs
+
+        plots, fractions = [], {}
+        for job in ok_jobs(jobs):
+            name = f"{config_value(job, 'benchmark.suite')} {config_value(job, 'benchmark.strategy')}"
+            cases = job["results"]["cases"]
+            rate = {c["case"]: c["effective_gbps"] for c in cases}
+            floor = {c["case"]: c["busiest_rank_bytes"] / c["link_floor_s"] / 1e9 for c in cases
+                     if 0 < c["link_floor_s"] < float("inf")}
+            fractions[name] = {c["case"]: c["fraction_of_link"] for c in cases}
+            fig = bar_plot(rate, ylabel="effective GB/s", floor=floor, floor_label="floor's bandwidth",
+                           annotations={c["case"]: f"{c['fraction_of_link']:.2f}" for c in cases},
+                           width=max(6.4, 0.7 * len(rate)))
+            plots.append(Plot(f"reshard {name}: bandwidth per case", fig,
+                              "the busiest rank's bytes / median time; black line: the same bytes over the "
+                              "link floor's time; note: fraction_of_link"))
+        if len(fractions) > 1:
+            cases = list(dict.fromkeys(c for f in fractions.values() for c in f))
+            grid = [[fractions[j].get(c) for j in fractions] for c in cases]
+            plots.append(Plot("reshard fraction_of_link per case and job",
+                              heatmap(grid, rows=cases, cols=list(fractions), cbar_label="floor / time")))
+        return plots
+
+    @classmethod
     def world_size(cls, cfg: DictConfig) -> int:
         return max(c.case.world for c in suite_cases(cfg.benchmark))
 
