@@ -44,7 +44,7 @@ class SweepStatus:
               f"(sweep {_clock(time.monotonic() - self.start)} elapsed, {self.estimate()})", flush=True)
         console = Console(file=sys.stdout)
         if console.is_terminal:
-            self._what = "starting"
+            self._what = "running, no case reported yet"
             self._live = console.status(self._line())
             self._live.start()
 

@@ -186,3 +186,20 @@ def test_full_disk_is_one_line_exit_2(tmp_path: Path, full_disk: Path) -> None:
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "No space left on device" in lines[0], run.stderr
     assert not (full_disk / "sweep").exists()
+
+
+def test_a_spawn_that_fails_partway_kills_what_it_started(tmp_path: Path, compose) -> None:
+    """Rank 1 cannot start (its log path is a directory: a real OSError at the second spawn), so
+    rank 0, already running, must be killed and the job recorded as failed."""
+    from ..conftest import planned_tag
+
+    sweep_dir = tmp_path / "sweep"
+    tag = planned_tag(compose, *ONE)
+    (sweep_dir / tag / "logs" / "rank1.log").mkdir(parents=True)
+    run = run_sweepbench(ONE, sweep_dir=sweep_dir)
+    assert run.rc == 1, run.describe()
+    metrics = json.loads((sweep_dir / tag / "metrics.json").read_text())
+    assert metrics["status"] == "failed"
+    assert metrics["error"].startswith("launch: could not start rank 1 of 2 with "), metrics["error"]
+    assert "Is a directory" in metrics["error"]
+    assert _no_ranks_left(run.env["SWEEPBENCH_TEST_RUN"], timeout=5) == []

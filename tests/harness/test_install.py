@@ -48,3 +48,15 @@ def test_first_command_runs(installed: dict[str, Path], where: str) -> None:
         assert "site-packages" in probe and Path(probe).is_relative_to(installed["root"] / "venv")
         env = json.loads((job / "env.json").read_text())
         assert env["sweepbench"]["version"]
+        assert env["git"]["commit"] == "unknown (wheel install)"  # no checkout to ask, and it says so
+
+
+def test_wheel_holds_every_package(installed: dict[str, Path]) -> None:
+    """Every package folder of the source (a new engine included) is in the installed wheel."""
+    site = next((installed["root"] / "venv" / "lib").glob("python*/site-packages"))
+    for init in installed["clone"].glob("**/__init__.py"):
+        folder = init.parent.relative_to(installed["clone"])
+        if folder.parts[0] in ("sweepbench", "hydra_plugins"):
+            assert (site / folder / "__init__.py").is_file(), f"{folder} is missing from the wheel"
+    assert (site / "sweepbench" / "conf" / "config.yaml").is_file()
+    assert (site / "sweepbench" / "py.typed").is_file()
