@@ -38,6 +38,7 @@ class TrainConfig(BenchmarkConfig):
     cp_impl: str = "ring"  # the attention engine's context-parallel kernel
     lora_rank: int = 0  # 0 = full fine-tune; r > 0 = LoRA on wq/wk/wv/wo, base frozen
     lora_alpha: float = 16.0
+    lora_lr_scale: float = 10.0  # adapters learn at lr * this (LoRA recipes use ~10x full fine-tune's lr)
     seed: int = 0
     verify_steps: int = 2  # first steps whose loss must match the single-device reference
     verify_layers: int = 0  # 0 = full depth where the reference fits one device, else 2
@@ -156,10 +157,7 @@ class TrainBenchmark(Benchmark):
                 "steps": len(r["reference_losses"]), "reference_losses": r["reference_losses"],
                 "layout_losses": r["verified_losses"], "max_rel_err": r["verify_max_rel_err"],
                 "layers": r["verify_layers"], "reduced_depth": r["verify_layers"] != r["shape"].num_layers,
-                "note": ("the full model does not fit one device: the layout was verified at reduced depth "
-                         f"({r['verify_layers']} layers, same widths) against its single-device reference"
-                         if r["verify_layers"] != r["shape"].num_layers else
-                         "verified at full depth against the single-device reference"),
+                "note": _verify_note(r["verify_layers"], r["shape"].num_layers, forced=bool(self.cfg.verify_layers)),
                 "loss_first": r["first_loss"], "loss_last": r["last_loss"]},
             "memory_per_rank": per_rank, "files": r["files"], "context_parallel": r["cp"],
         }
@@ -210,6 +208,14 @@ class TrainBenchmark(Benchmark):
                  "torch allocator's peak reserved memory (on a CPU: peak RSS); NVML's peak above the "
                  "job's starting level written above each bar."),
         ]
+
+
+def _verify_note(layers: int, full: int, *, forced: bool) -> str:
+    if layers == full:
+        return "verified at full depth against the single-device reference"
+    why = "benchmark.verify_layers asks for it" if forced else "the full model does not fit one device"
+    return (f"{why}: the layout was verified at reduced depth ({layers} of {full} layers, same widths) against "
+            f"its single-device reference, then the full model was timed from its first step")
 
 
 RECIPE_KEYS = ("seq_len", "precision", "ac", "compile", "dp_shard", "lora_rank", "global_batch")

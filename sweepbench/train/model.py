@@ -31,7 +31,7 @@ class LoRALinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, *, rank: int, alpha: float) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)  # frozen base
         self.lora_a = nn.Parameter(torch.empty(rank, in_features))
         self.lora_b = nn.Parameter(torch.empty(out_features, rank))
         self.scale = alpha / rank

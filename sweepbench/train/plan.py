@@ -89,8 +89,9 @@ def _check_options(b: Any) -> None:
     for key in ("global_batch", "lora_rank", "profile_skip", "profile_warmup", "verify_layers"):
         if int(b[key]) < 0:
             raise ValueError(f"benchmark.{key}={b[key]} must be >= 0")
-    if not b.lr > 0:
-        raise ValueError(f"benchmark.lr={b.lr} must be > 0")
+    for key in ("lr", "lora_lr_scale", "lora_alpha"):
+        if not b[key] > 0:
+            raise ValueError(f"benchmark.{key}={b[key]} must be > 0")
 
 
 def _check_layout(cfg: Any, plan: TrainPlan) -> None:

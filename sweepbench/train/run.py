@@ -27,7 +27,8 @@ from sweepbench.benchmarks.base import VerificationError
 
 
 def options_of(b: Any) -> TrainOptions:
-    return TrainOptions(ac=str(b.ac), compile=bool(b.compile), fused_adamw=bool(b.fused_adamw), lr=float(b.lr),
+    lr = float(b.lr) * (float(b.lora_lr_scale) if int(b.lora_rank) else 1.0)
+    return TrainOptions(ac=str(b.ac), compile=bool(b.compile), fused_adamw=bool(b.fused_adamw), lr=lr,
                         lora_rank=int(b.lora_rank), lora_alpha=float(b.lora_alpha), dp_shard=str(b.dp_shard),
                         pp_schedule=str(b.pp_schedule), cp_impl=str(b.cp_impl), seed=int(b.seed))
 

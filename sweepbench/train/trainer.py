@@ -94,6 +94,9 @@ class Trainer:
         with torch.device("meta"):
             model = Transformer(self.shape, lora_rank=self.opts.lora_rank, lora_alpha=self.opts.lora_alpha)
         model.keep_stage(layer_ids, first=first, last=last)
+        if self.opts.lora_rank:  # LoRA fine-tune: the adapters train, the whole base model is frozen
+            for name, param in model.named_parameters():
+                param.requires_grad_(name.endswith(("lora_a", "lora_b")))
         if attn_fn is not None:
             for block in model.layers.values():
                 block.attention.attn_fn = attn_fn
