@@ -7,7 +7,10 @@ non-collocated, training holds ranks [0, T) and inference [T, T+I). Each iterati
 inference shards (NaN), refits (timed), then checks every inference shard bit for bit against the
 matching slice of the training weights; ``verified`` is true only when all did. The job first
 probes its own links, so the result carries ``link_floor_s`` (the busiest rank's bytes that must
-cross a link / measured p2p bandwidth) and ``fraction_of_link`` (floor / refit time)."""
+cross a link / the faster of the measured NCCL p2p and copy-engine bandwidths) and
+``fraction_of_link`` (floor / refit time). ``benchmark.impl`` picks who refits: ``sweepbench``
+(the plan and ``benchmark.strategy``) or a peer (``megatron``: megatron-core's own refit on the
+same shapes and layouts), timed and verified by the same loop."""
 
 from __future__ import annotations
 
@@ -20,8 +23,10 @@ from omegaconf import DictConfig
 from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline
 from sweepbench.benchmarks.layouts import as_node, degrees_of, parse_layout, world_of
 from sweepbench.benchmarks.registry import register
-from sweepbench.benchmarks.transfer import TransferConfig, check_transfer_options, time_transfer, transfer_strategy
-from sweepbench.config.validate import check_layout
+from sweepbench.benchmarks.transfer import (TransferConfig, check_strategy_backend, check_transfer_options,
+                                            time_transfer, transfer_strategy)
+from sweepbench.config.validate import check_layout, resolve_backend
+from sweepbench.parallel.impls import check_impl
 from sweepbench.parallel import Layout, make_plan, model_layout, model_param_specs, total_bytes
 
 
@@ -31,6 +36,9 @@ class RefitConfig(TransferConfig):
 
     name: str = "refit"
     inference: str = "tp1"  # inference layout, e.g. tp1, tp4, tp4pp1, ep4 (sweep: benchmark.inference=tp1,tp4)
+    # who refits: sweepbench (benchmark.strategy) | megatron (megatron-core's swap_model_weights, which
+    # ignores benchmark.strategy; pip install "sweepbench[megatron]")
+    impl: str = "sweepbench"
 
 
 def _placements(cfg: DictConfig) -> tuple[dict[str, int], range, dict[str, int], range]:
@@ -48,7 +56,7 @@ def _placements(cfg: DictConfig) -> tuple[dict[str, int], range, dict[str, int],
 @register("refit")
 class RefitBenchmark(Benchmark):
     schema = RefitConfig
-    tag_keys = ("inference", "strategy")
+    tag_keys = ("inference", "strategy", "impl")
 
     @classmethod
     def world_size(cls, cfg: DictConfig) -> int:
@@ -102,6 +110,10 @@ class RefitBenchmark(Benchmark):
         infer = parse_layout(b.inference, key="benchmark.inference")
         check_layout(cfg.model, as_node(infer, b.inference), where="benchmark.inference")
         check_transfer_options(b)
+        check_strategy_backend(transfer_strategy(resolve_backend(cfg.backend.name), b.strategy),
+                               resolve_backend(cfg.backend.name))
+        train, _, infer, _ = _placements(cfg)
+        check_impl(b.impl, train, infer)
 
     def layouts(self) -> tuple[Layout, Layout]:
         train, train_ranks, infer, infer_ranks = _placements(self.ctx.cfg)
@@ -118,22 +130,23 @@ class RefitBenchmark(Benchmark):
         floor_plan = make_plan(src, dst, balance=cfg.balance)  # what must cross a link, strategy aside
         probe_bytes = cfg.probe_bytes or (1 << 30 if ctx.device.type == "cuda" else 4 << 20)
         link = probe_links(nbytes=probe_bytes, device=ctx.device)
-        run = time_transfer(src, dst, ctx=ctx, cfg=cfg, strategy=strategy, label="refit")
+        run = time_transfer(src, dst, ctx=ctx, cfg=cfg, strategy=strategy, label="refit", impl=cfg.impl)
         stats = summarize(run.times_s)
         busiest = max(max(floor_plan.send_bytes.get(r, 0), floor_plan.recv_bytes.get(r, 0))
                       for r in range(ctx.world_size))
-        floor_s = busiest / (link["p2p_gbps"] * 1e9)
+        floor_s = busiest / (link["link_gbps"] * 1e9)  # the faster of NCCL p2p and copy engines
         case = {
-            "strategy": strategy, "balance": cfg.balance, "local_allgather": cfg.local_allgather,
+            "impl": cfg.impl, "strategy": strategy, "method": run.method, "balance": cfg.balance,
+            "local_allgather": cfg.local_allgather,
             "train_layout": src.describe(), "inference_layout": dst.describe(),
             "times_s": run.times_s, **stats, "warmup": cfg.warmup, "iters": cfg.iters,
-            "model_bytes": run.plan.model_bytes, "moved_bytes": floor_plan.moved_bytes,
+            "model_bytes": floor_plan.model_bytes, "moved_bytes": floor_plan.moved_bytes,
             "local_bytes": floor_plan.local_bytes, "busiest_rank_bytes": busiest,
             "wire_bytes": sum(s for s, _ in run.traffic),
             "wire_busiest_rank_bytes": max(max(s, r) for s, r in run.traffic),
             "effective_gbps": busiest / stats["median_s"] / 1e9, **link,
             "link_floor_s": floor_s, "fraction_of_link": floor_s / stats["median_s"],
-            "plan_digest": run.plan.digest,
+            "plan_digest": run.plan.digest if run.plan else None,
         }
         summary = {k: case[k] for k in ("median_s", "iqr_s", "min_s", "max_s", "model_bytes", "moved_bytes",
                                          "local_bytes", "effective_gbps", "link_floor_s", "fraction_of_link")}
