@@ -1,13 +1,17 @@
 """The refit benchmark through the CLI: presets at tiny size, the strategy x mode grid verified
-bit for bit, link context reported, bad layouts refused before any rank starts."""
+bit for bit, link context reported, bad layouts refused before any rank starts, megatron-core's
+refit side by side with ours, and a clear error where megatron-core is not installed."""
 
 from __future__ import annotations
 
+import csv
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import SweepRun, run_sweepbench
+from tests.conftest import SweepRun, base_env, run_sweepbench
 
 QUICK = ["benchmark.warmup=1", "benchmark.iters=2", "benchmark.probe_bytes=65536"]
 PRESETS = ["tp2-tp1", "tp2-tp4", "tp2pp2-tp4pp1"]
@@ -34,7 +38,8 @@ def test_every_strategy_and_mode_refits_and_verifies(grid: SweepRun) -> None:
         assert len(case["times_s"]) == 2 and case["min_s"] <= case["median_s"] <= case["max_s"]
         assert case["model_bytes"] > 0 and case["moved_bytes"] + case["local_bytes"] >= case["model_bytes"]
         assert case["p2p_gbps"] > 0 and case["link_floor_s"] > 0 and case["fraction_of_link"] > 0
-        assert tag.startswith(f"refit-tp1-{case['strategy']}_tiny_tp2_")
+        assert case["impl"] == "sweepbench" and case["method"] == case["strategy"]
+        assert tag.startswith(f"refit-tp1-{case['strategy']}-sweepbench_tiny_tp2_")
     assert seen == {(s, mode) for s in ("send_recv", "broadcast", "naive")
                     for mode in ("collocated", "non_collocated")}
 
@@ -83,12 +88,61 @@ def test_presets_run_at_tiny_size(tmp_path: Path) -> None:
     (["benchmark.strategy=scatter"], "benchmark.strategy='scatter'"),
     (["benchmark.balance=random"], "benchmark.balance='random'"),
     (["experiment=large"], "backend=nvshmem needs a GPU"),
+    (["benchmark.strategy=ipc", "backend=gloo"], "benchmark.strategy=ipc needs GPUs"),
+    (["benchmark.impl=deepspeed"], "benchmark.impl='deepspeed'; valid: megatron, sweepbench"),
+    (["experiment=ep2-ep4", "model=tiny_moe", "backend=gloo", "benchmark.impl=megatron"],
+     "benchmark.impl=megatron does not support ep>1"),
 ])
 def test_impossible_layouts_are_refused_before_any_rank(tmp_path: Path, overrides: list[str], needle: str) -> None:
     run = run_sweepbench(overrides, sweep_dir=tmp_path / "bad")
     assert run.rc == 2, run.describe()
     assert needle in run.stderr, run.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_megatron_side_by_side(tmp_path: Path) -> None:
+    """benchmark.impl=sweepbench,megatron: one sweep, both verified after every iteration, one
+    results.csv with an impl column."""
+    run = run_sweepbench(["parallelism=tp2", "benchmark.strategy=pipeline", "benchmark.impl=sweepbench,megatron",
+                          *QUICK], sweep_dir=tmp_path / "peers")
+    assert run.rc == 0, run.describe()
+    cases = {m["results"]["cases"][0]["impl"]: m["results"]["cases"][0]
+             for m in run.all_metrics().values() if m["status"] == "ok" and m["verified"]}
+    assert set(cases) == {"sweepbench", "megatron"}
+    assert cases["sweepbench"]["method"] == "pipeline" and "megatron-core" in cases["megatron"]["method"]
+    assert cases["megatron"]["model_bytes"] == cases["sweepbench"]["model_bytes"]
+    assert cases["megatron"]["wire_bytes"] > 0 and len(cases["megatron"]["times_s"]) == 2
+    with open(run.sweep_dir / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(r["impl"] for r in rows) == ["megatron", "sweepbench"]
+    assert all(r["status"] == "ok" for r in rows)
+
+
+BLOCK_MEGATRON = """import importlib.abc, sys
+class _NoMegatron(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "megatron" or name.startswith("megatron."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, _NoMegatron())
+"""
+
+
+def test_missing_megatron_is_one_line(tmp_path: Path) -> None:
+    """Without megatron-core (an interpreter whose import system refuses it), impl=megatron is one
+    line naming the install command: on the driver (exit 2, before any rank) and on import."""
+    (tmp_path / "block").mkdir()
+    (tmp_path / "block" / "sitecustomize.py").write_text(BLOCK_MEGATRON)
+    env = base_env()
+    env["PYTHONPATH"] = f"{tmp_path / 'block'}:{env.get('PYTHONPATH', '')}".rstrip(":")
+    run = run_sweepbench(["parallelism=tp2", "benchmark.impl=megatron"], sweep_dir=tmp_path / "none", env=env)
+    assert run.rc == 2, run.describe()
+    line = 'benchmark.impl=megatron needs megatron.core, which is not installed; install it with: pip install "sweepbench[megatron]"'
+    errors = [x for x in run.stderr.splitlines() if "error" in x.lower()]
+    assert len(errors) == 1 and errors[0].startswith(f"sweepbench: error: {line}"), run.stderr
+    assert not (tmp_path / "none").exists()
+    proc = subprocess.run([sys.executable, "-c", "import sweepbench.parallel.megatron_refit"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == f"ImportError: {line}", proc.stderr
 
 
 def test_user_config_dir_on_the_search_path(tmp_path: Path) -> None:

@@ -1,8 +1,10 @@
 """Timing one planned weight transfer, shared by the refit and reshard benchmarks.
 
-Each iteration poisons the destination shards (NaN), runs the executor (timed, slowest rank),
+Each iteration poisons the destination weights (NaN), runs the transfer (timed, slowest rank),
 then checks every destination shard bit for bit against the matching slice of the source
-weights; ``verified`` is true only if every rank checked every iteration."""
+weights; ``verified`` is true only if every rank checked every iteration. The transfer comes
+from a registered implementation (``sweepbench.parallel.impls``: ours with a strategy, or a peer
+such as megatron-core's refit), all timed and checked by this one loop."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from sweepbench.benchmarks.base import RankContext, VerificationError
 from sweepbench.config.schema import BenchmarkConfig
 from sweepbench.parallel import BALANCE, STRATEGIES
+from sweepbench.parallel.strategies import GPU_ONLY
 
 if TYPE_CHECKING:  # torch and the executors are imported where a transfer runs, on the ranks
     import torch
@@ -23,7 +26,8 @@ if TYPE_CHECKING:  # torch and the executors are imported where a transfer runs,
 class TransferConfig(BenchmarkConfig):
     """The options every transfer benchmark (refit, reshard) has."""
 
-    strategy: str = "send_recv"  # send_recv | broadcast | naive (backend=nvshmem uses the nvshmem transport)
+    # send_recv | pipeline | ipc (GPU) | broadcast | naive (backend=nvshmem uses the nvshmem transport)
+    strategy: str = "send_recv"
     balance: str = "size"  # which source replica sends: none (first holder) | size (least loaded) | order (round robin)
     local_allgather: bool = False  # broadcast only: one copy per destination mesh, then all-gather inside it
     bucket_bytes: int = 64 << 20  # small pieces are packed into buckets of at most this many bytes
@@ -53,6 +57,14 @@ def check_transfer_options(b: Any) -> None:
         raise ValueError(f"benchmark.bucket_bytes={b.bucket_bytes} must be >= 1")
 
 
+def check_strategy_backend(strategy: str, backend: str) -> None:
+    """A GPU-only strategy (CUDA IPC, symmetric memory) on gloo is refused, as backend=nvshmem is
+    without a GPU. ``backend`` is the resolved one (never ``auto``)."""
+    if strategy in GPU_ONLY and backend == "gloo":
+        raise ValueError(f"benchmark.strategy={strategy} needs GPUs (it moves bytes between GPU memories), but "
+                         f"the backend is gloo; use send_recv or pipeline on CPU, or backend=nccl on GPUs")
+
+
 def transfer_strategy(backend: str, strategy: str) -> str:
     """The executor a job uses: the configured strategy, unless the backend imposes its own."""
     return BACKEND_STRATEGY.get(backend, strategy)
@@ -60,7 +72,8 @@ def transfer_strategy(backend: str, strategy: str) -> str:
 
 @dataclass
 class TimedTransfer:
-    plan: Plan
+    plan: Plan | None  # ours (None for a peer implementation, which plans by itself)
+    method: str  # what moved the bytes (strategy, or a peer's copy service)
     options: dict[str, Any]
     times_s: list[float]
     traffic: list[tuple[int, int]]  # (bytes sent, bytes received) of every rank
@@ -68,34 +81,30 @@ class TimedTransfer:
 
 
 def time_transfer(src: Layout, dst: Layout, *, ctx: RankContext, cfg: Any, strategy: str,
-                  label: str) -> TimedTransfer:
+                  label: str, impl: str = "sweepbench") -> TimedTransfer:
     """Every rank of the default group calls this with the same layouts; ``cfg`` is the
     benchmark config (balance, bucket_bytes, seed, warmup, iters, local_allgather)."""
     import torch.distributed as dist
 
     from sweepbench.measure import time_iterations
-    from sweepbench.parallel import allocate_shards, build_shards, make_executor, plan_for, verify_shards
+    from sweepbench.parallel.impls import IMPLS
 
-    plan = plan_for(src, dst, strategy=strategy, balance=cfg.balance)
-    src_shards = build_shards(src, ctx.rank, seed=cfg.seed, device=ctx.device) if ctx.rank in src.ranks else {}
-    dst_shards = allocate_shards(dst, ctx.rank, device=ctx.device)
     options = STRATEGY_OPTIONS.get(strategy, lambda c, d: {})(cfg, ctx.device)
-    executor = make_executor(plan, strategy=strategy, bucket_bytes=cfg.bucket_bytes, **options)
+    transfer = IMPLS.get(impl)(src, dst, model=ctx.cfg.model, strategy=strategy,
+                               options={"bucket_bytes": cfg.bucket_bytes, **options}, balance=cfg.balance,
+                               backend=ctx.backend, rank=ctx.rank, device=ctx.device, seed=cfg.seed)
     checks = {"n": 0}
 
-    def poison() -> None:
-        for t in dst_shards.values():
-            t.fill_(float("nan"))
-
     def verify() -> None:
-        problems = verify_shards(dst, ctx.rank, dst_shards, seed=cfg.seed)
+        problems = transfer.verify()
         if problems:
-            raise VerificationError(f"{label} ({src.describe()} -> {dst.describe()}, {strategy}, balance "
-                                    f"{cfg.balance}): {len(problems)} shards wrong, first: {problems[0]}")
+            raise VerificationError(f"{label} ({src.describe()} -> {dst.describe()}, {impl} {transfer.method}, "
+                                    f"balance {cfg.balance}): {len(problems)} shards wrong, first: {problems[0]}")
         checks["n"] += 1
 
-    times = time_iterations(lambda: executor.run(src_shards, dst_shards), warmup=cfg.warmup,
-                            iters=cfg.iters, device=ctx.device, before=poison, after=verify)
+    times = time_iterations(transfer.step, warmup=cfg.warmup, iters=cfg.iters, device=ctx.device,
+                            before=transfer.poison, after=verify)
     everyone: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(everyone, (*executor.traffic(), checks["n"] == cfg.warmup + cfg.iters))
-    return TimedTransfer(plan, options, times, [(s, r) for s, r, _ in everyone], all(ok for *_, ok in everyone))
+    dist.all_gather_object(everyone, (*transfer.traffic(), checks["n"] == cfg.warmup + cfg.iters))
+    return TimedTransfer(getattr(transfer, "plan", None), transfer.method, options, times,
+                         [(s, r) for s, r, _ in everyone], all(ok for *_, ok in everyone))

@@ -11,5 +11,10 @@ if TYPE_CHECKING:
     from .comm import Executor
 
 STRATEGIES: Registry[type[Executor]] = Registry("strategy")
-for _name, _module in {"send_recv": "p2p", "broadcast": "collective", "naive": "naive", "nvshmem": "symm"}.items():
+_MODULES = {"send_recv": "p2p", "pipeline": "p2p", "ipc": "ipc", "broadcast": "collective", "naive": "naive",
+            "nvshmem": "symm"}
+for _name, _module in _MODULES.items():
     STRATEGIES.declare(_name, f"{__package__}.{_module}")
+
+# strategies that move bytes between GPU memories (CUDA IPC, symmetric memory): refused on gloo
+GPU_ONLY: frozenset[str] = frozenset({"ipc", "nvshmem"})

@@ -29,11 +29,22 @@ def _dig(d: dict[str, Any], path: tuple[str, ...]) -> Any:
     return d
 
 
+def _tag_keys(benchmark: Any) -> tuple[str, ...]:
+    """The benchmark's tag keys (its fields shown in the tag): results.csv columns too."""
+    from sweepbench.benchmarks.registry import get_benchmark
+
+    try:
+        return tuple(get_benchmark(str(benchmark)).tag_keys)
+    except ValueError:  # a job of a benchmark this install does not have
+        return ()
+
+
 def job_row(metrics: dict[str, Any]) -> dict[str, Any]:
     config = metrics.get("config", {})
     row: dict[str, Any] = {"tag": metrics.get("tag"), "status": metrics.get("status"),
                            "error": metrics.get("error")}
     row.update({col: _dig(config, path) for col, path in CONFIG_COLUMNS.items()})
+    row.update({key: _dig(config, ("benchmark", key)) for key in _tag_keys(_dig(config, ("benchmark", "name")))})
     row.update({"backend": metrics.get("backend") or _dig(config, ("backend", "name")),
                 "world_size": metrics.get("world_size"), "verified": metrics.get("verified"),
                 "wall_time_s": metrics.get("wall_time_s"),
