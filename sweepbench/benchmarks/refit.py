@@ -91,7 +91,7 @@ class RefitBenchmark(Benchmark):
         notes: dict[str, str] = {}
         for job, case in ok_cases(jobs):
             label = (f"{config_value(job, 'parallelism.name')}->{config_value(job, 'benchmark.inference')} "
-                     f"{case['strategy']} {config_value(job, 'mode.name')}")
+                     f"{case.get('impl', 'sweepbench')}:{case['strategy']} {config_value(job, 'mode.name')}")
             times[label] = case["median_s"] * 1e3
             if 0 < case["link_floor_s"] < float("inf"):
                 floors[label] = case["link_floor_s"] * 1e3
@@ -101,8 +101,8 @@ class RefitBenchmark(Benchmark):
         fig = bar_plot(times, ylabel="refit median (ms)", floor=floors, annotations=notes,
                        width=max(6.4, 0.8 * len(times)))
         return [Plot("refit time per layout and strategy", fig,
-                     "median refit time; black line: the link floor (the busiest rank's bytes / measured "
-                     "p2p bandwidth); note: fraction_of_link = floor / time")]
+                     "median refit time; black line: the link floor (the busiest rank's bytes / the faster "
+                     "of the measured NCCL p2p and copy-engine bandwidths); note: fraction_of_link = floor / time")]
 
     @classmethod
     def validate(cls, cfg: DictConfig) -> None:
