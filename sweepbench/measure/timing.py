@@ -22,13 +22,18 @@ def slow_down(factor: float) -> None:
 
 
 def _slowed(step: Hook, device: torch.device) -> Hook:
-    """``step`` followed, inside the timed region, by a sleep of (factor - 1) x its own time."""
+    """``step`` followed, inside the timed region, by a wait of (factor - 1) x its own time. The
+    wait spins rather than sleeps: a sleep overshoots short iterations (timer slack, waking up on
+    a busy machine), a spin adds what it says."""
     def slow_step() -> None:
         tic = time.perf_counter()
         step()
         if device.type == "cuda":
             torch.cuda.synchronize()
-        time.sleep((_slowdown - 1) * (time.perf_counter() - tic))
+        toc = time.perf_counter()
+        until = toc + (_slowdown - 1) * (toc - tic)
+        while time.perf_counter() < until:
+            pass
 
     return slow_step
 

@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,15 @@ def redact(flat: dict[str, Any]) -> dict[str, Any]:
     """Values whose key (any part of the dotted name) looks like a secret are replaced."""
     return {k: REDACTED if any(m in k.lower() for m in SECRET_MARKERS) and v not in (None, "") else v
             for k, v in flat.items()}
+
+
+def redact_overrides(args: list[str]) -> list[str]:
+    """``+api_key=abc`` -> ``+api_key=<redacted>``: command lines as wandb and the report show them."""
+    out = []
+    for arg in args:
+        key, eq, _ = arg.partition("=")
+        out.append(f"{key}={REDACTED}" if eq and any(m in key.lower() for m in SECRET_MARKERS) else arg)
+    return out
 
 
 def run_tags(cfg: DictConfig) -> list[str]:
@@ -209,22 +219,32 @@ def start_run(cfg: DictConfig, *, job_dir: Path, tag: str, group: str, config: d
         import wandb
 
         remove_previous_runs(job_dir)
-        run = wandb.init(
-            project=cfg.wandb.project,
-            entity=cfg.wandb.entity,
-            group=group_name(group),
-            name=tag,
-            job_type=cfg.benchmark.name,
-            tags=run_tags(cfg),
-            config=redact(flatten(config)),
-            dir=str(job_dir),
-            mode=mode,
-            reinit="create_new",
-            settings=wandb.Settings(init_timeout=cfg.wandb.init_timeout_s, console="off",
-                                    x_disable_stats=True, silent=True),
-        )
+        argv, sys.argv = sys.argv, [sys.argv[0], *redact_overrides(sys.argv[1:])]  # wandb records the args
+        try:
+            run = _init(wandb, cfg, job_dir=job_dir, tag=tag, group=group, config=config, mode=mode)
+        finally:
+            sys.argv = argv
         return WandbRun(run)
     except Exception as err:
         message = f"wandb init ({mode}): {type(err).__name__}: {err}"
         log.warning("%s; results are still written locally", message)
         return NullRun(error=message)
+
+
+def _init(wandb: Any, cfg: DictConfig, *, job_dir: Path, tag: str, group: str, config: dict[str, Any],
+          mode: str) -> Any:
+    """The run: the group made unique, job_type = the benchmark, option tags, redacted config."""
+    return wandb.init(
+        project=cfg.wandb.project,
+        entity=cfg.wandb.entity,
+        group=group_name(group),
+        name=tag,
+        job_type=cfg.benchmark.name,
+        tags=run_tags(cfg),
+        config=redact(flatten(config)),
+        dir=str(job_dir),
+        mode=mode,
+        reinit="create_new",
+        settings=wandb.Settings(init_timeout=cfg.wandb.init_timeout_s, console="off",
+                                x_disable_stats=True, silent=True),
+    )

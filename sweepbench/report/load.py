@@ -47,8 +47,10 @@ def _sweep_command(multirun_yaml: Path) -> str:
         cfg = yaml.safe_load(multirun_yaml.read_text()) or {}
     except (OSError, yaml.YAMLError):
         return ""
+    from sweepbench.record.wandb_run import redact_overrides
+
     task = ((cfg.get("hydra") or {}).get("overrides") or {}).get("task") or []
-    return " ".join(["sweepbench", "-m", *(shlex.quote(str(o)) for o in task)])
+    return " ".join(["sweepbench", "-m", *(shlex.quote(o) for o in redact_overrides([str(t) for t in task]))])
 
 
 def _mtime_utc(path: Path) -> str:

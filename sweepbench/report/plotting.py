@@ -24,6 +24,7 @@ import math
 import re
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+import numpy as np
 from matplotlib.colors import Normalize, TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator
@@ -147,7 +148,9 @@ def heatmap(
     red = slower/above, blue = faster/below)."""
     grid = [[math.nan if v is None else float(v) for v in row] for row in values]
     finite = [v for row in grid for v in row if math.isfinite(v)]
-    fig = new_figure(width or max(4.0, 1.0 + 0.9 * len(cols)), height or max(2.5, 1.0 + 0.45 * len(rows)))
+    longest = max((len(r) for r in rows), default=0)  # row labels take width from the cells
+    fig = new_figure(width or max(4.0, 2.0 + 0.9 * len(cols) + 0.075 * longest),
+                     height or max(2.5, 1.6 + 0.3 * len(rows)))
     ax = fig.add_subplot()
     if center is not None:
         span = max([abs(v - center) for v in finite], default=0.0) or 0.05 * abs(center) or 1.0
@@ -156,7 +159,11 @@ def heatmap(
     else:
         norm = Normalize(min(finite, default=0.0), max(finite, default=1.0))
         cmap = cmap or "viridis"
-    image = ax.imshow(grid, cmap=cmap, norm=norm, aspect="auto")
+    # pcolormesh, not imshow: vector cells (imshow would embed a PNG in the SVG)
+    cells = np.ma.masked_invalid(np.asarray(grid, dtype=float).reshape(len(rows), len(cols)))
+    image = ax.pcolormesh(np.arange(len(cols) + 1) - 0.5, np.arange(len(rows) + 1) - 0.5, cells,
+                          cmap=cmap, norm=norm)
+    ax.set_ylim(len(rows) - 0.5, -0.5)  # first row on top, as in a table
     for r, row in enumerate(grid):
         for c, v in enumerate(row):
             if math.isfinite(v):
@@ -167,7 +174,8 @@ def heatmap(
                   ha="right" if len(cols) > 3 else "center", fontsize="small")
     ax.set_yticks(range(len(rows)), list(rows), fontsize="small")
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-    fig.colorbar(image, ax=ax, label=cbar_label)
+    bar = fig.colorbar(image, ax=ax, label=cbar_label)
+    bar.solids.set_rasterized(False)  # vector, like the rest of the page (no embedded PNG)
     return fig
 
 
