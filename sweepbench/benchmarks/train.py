@@ -83,7 +83,14 @@ class TrainBenchmark(Benchmark):
         from sweepbench.train.plan import check_plan
 
         plan = check_plan(cfg)
-        check_cp(cfg, plan, "cuda" if resolve_backend(cfg.backend.name) in GPU_BACKENDS else "cpu")
+        device_type = "cuda" if resolve_backend(cfg.backend.name) in GPU_BACKENDS else "cpu"
+        check_cp(cfg, plan, device_type)
+        if cfg.benchmark.compile and plan.tp > 1 and device_type == "cpu":
+            # torch 2.13 on CPU: a DTensor redistribute's backward gets a plain tensor from a
+            # compiled block ('Tensor' object has no attribute '_local_tensor')
+            raise ValueError(f"benchmark.compile=true with parallelism.tp={plan.tp} fails on a CPU (torch "
+                             f"{_torch_version()}: DTensor backward through a compiled block); use compile=false "
+                             f"with tp on a CPU, or compile with dp/pp/cp layouts")
 
     @classmethod
     def world_size(cls, cfg: DictConfig) -> int:
@@ -208,6 +215,12 @@ class TrainBenchmark(Benchmark):
                  "torch allocator's peak reserved memory (on a CPU: peak RSS); NVML's peak above the "
                  "job's starting level written above each bar."),
         ]
+
+
+def _torch_version() -> str:
+    from importlib.metadata import version
+
+    return version("torch")
 
 
 def _verify_note(layers: int, full: int, *, forced: bool) -> str:

@@ -31,6 +31,9 @@ BAD = {
     "ep": (["parallelism=ep2", "model=tiny_moe"], "benchmark=train does not train expert-parallel or MoE models"),
     "interleaved_layers": (["parallelism=pp2", "model.num_layers=2", "benchmark.pp_schedule=interleaved_1f1b"],
                            "model.num_layers=2 is not divisible into 4 pipeline stages"),
+    "compile_tp_cpu": (["parallelism=tp2", "benchmark.compile=true"],
+                       "benchmark.compile=true with parallelism.tp=2 fails on a CPU"),
+    "cp_impl": (["parallelism=cp2", "benchmark.cp_impl=torch_cp"], "benchmark.cp_impl='torch_cp' cannot train here"),
     "ac": (["parallelism=dp2", "benchmark.ac=some"], "benchmark.ac='some' is not valid; choose one of none, selective, full"),
 }
 
