@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from .conftest import MAIN_GRID, TINY, SweepRun, planned_tag, processes_with_env, run_sweepbench, wandb_inspect
 
-SWEEP_FILES = {"results.csv", "results.parquet", "multirun.yaml"}
+SWEEP_FILES = {"results.csv", "results.parquet", "multirun.yaml", "report.html"}
 
 
 # ---------------------------------------------------------------- the main sweep

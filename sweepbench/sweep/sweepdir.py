@@ -32,8 +32,9 @@ def _reason(err: OSError) -> str:
 def check_writable(sweep_dir: Path, fail: Callable[[str], NoReturn]) -> None:
     """Create the directory and write a probe into it; ``fail`` with one line if that cannot be done."""
     where = f"hydra.sweep.dir={sweep_dir}"
-    created = not sweep_dir.exists()
+    created = False
     try:
+        created = not sweep_dir.exists()
         sweep_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(sweep_dir / PROBE_FILE, "x" * 4096)
         (sweep_dir / PROBE_FILE).unlink()
@@ -41,8 +42,11 @@ def check_writable(sweep_dir: Path, fail: Callable[[str], NoReturn]) -> None:
         if stat.f_bavail * stat.f_frsize < MIN_FREE_BYTES:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     except OSError as err:
-        if created and sweep_dir.is_dir() and not any(sweep_dir.iterdir()):
-            sweep_dir.rmdir()
+        try:
+            if created and sweep_dir.is_dir() and not any(sweep_dir.iterdir()):
+                sweep_dir.rmdir()
+        except OSError:
+            pass
         fail(f"{where} cannot be written: {_reason(err)}; choose another hydra.sweep.dir")
 
 

@@ -168,11 +168,10 @@ def full_disk(tmp_path: Path):
     mount.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], check=True)
     try:
-        with open(mount / "filler", "wb") as f:
+        with open(mount / "filler", "wb", buffering=0) as f:
             try:
                 while True:
                     f.write(b"\0" * 4096)
-                    f.flush()
             except OSError:
                 pass
         yield mount
