@@ -155,7 +155,7 @@ def test_user_config_dir_on_the_search_path(tmp_path: Path) -> None:
     run = run_sweepbench([search, "model=my_model", "parallelism=tp2", *QUICK], sweep_dir=tmp_path / "mine")
     assert run.rc == 0, run.describe()
     (m,) = run.all_metrics().values()
-    assert m["tag"].startswith("refit-tp1-send_recv_my_model_tp2_") and m["verified"]
+    assert m["tag"].startswith("refit-tp1-send_recv-sweepbench_my_model_tp2_") and m["verified"]
     assert m["config"]["model"]["num_kv_heads"] == 2
     bad = run_sweepbench([search, "model=my_model", "parallelism=tp4"], sweep_dir=tmp_path / "bad")
     assert bad.rc == 2 and "parallelism.tp=4 does not divide model.num_kv_heads=2" in bad.stderr
