@@ -92,8 +92,10 @@ def test_seed_scenario_dry_run(tmp_path: Path, compose) -> None:
                               f"benchmark.seq_len={seq}")
             assert tag in run.stdout and f"-dilated-{seq}_tiny_{par}_" in tag
     assert not (tmp_path / "sweep").exists()
-    gpu = run_sweepbench(["experiment=ring_dilated_seed", "sweep.dry_run=true"], sweep_dir=tmp_path / "gpu")
-    assert gpu.rc == 0 and "12 jobs" in gpu.stdout and "_small_cp8_" in gpu.stdout, gpu.describe()
+    # the GPU seed (model=small, 16K-64K, ring up to 8) composes and validates job by job
+    gpu = {planned_tag(compose, "benchmark=attention", "experiment=ring_dilated_seed", f"parallelism={par}",
+                       f"benchmark.seq_len={seq}") for par in ("cp1", "cp2", "cp4", "cp8") for seq in (16384, 32768, 65536)}
+    assert len(gpu) == 12 and all("-dilated-" in t and "_small_cp" in t for t in gpu)
 
 
 BAD = {
