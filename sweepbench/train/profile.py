@@ -16,6 +16,8 @@ from typing import Callable
 
 import torch
 
+from sweepbench.record.atomic import write_atomic
+
 
 def profile_window(step: Callable[[], None], *, out_dir: Path, rank: int, skip: int, warmup: int,
                    active: int, device: torch.device, memory_snapshot: bool) -> dict[str, object]:
@@ -38,8 +40,7 @@ def profile_window(step: Callable[[], None], *, out_dir: Path, rank: int, skip: 
                                                    for p in trace_dir.glob(f"rank{rank}.*.pt.trace.json.gz"))}
     if snapshot:
         path = out_dir / f"memory_snapshot_rank{rank}.pickle"
-        with open(path, "wb") as f:
-            pickle.dump(torch.cuda.memory._snapshot(), f)
+        write_atomic(path, pickle.dumps(torch.cuda.memory._snapshot()))
         torch.cuda.memory._record_memory_history(enabled=None)
         written["memory_snapshot"] = path.name
     elif memory_snapshot:
