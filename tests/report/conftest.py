@@ -1,0 +1,89 @@
+"""Real CPU sweeps the report tests read: every benchmark at tiny size, one job failing on purpose,
+and three concurrent refit sweeps (two of one config, one slowed by fault.kind=slow) for compare."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from ..conftest import TINY, SweepRun, run_sweepbench
+
+REPORT_SWEEPS = {
+    # tp2 twice: clean, and with rank 1 raising (a failed job the report must list with its error)
+    "collective": ["benchmark=collective", "parallelism=tp2", "fault.kind=none,raise", "fault.rank=1",
+                   "benchmark.ops=[all_reduce,all_gather,send_recv]", "benchmark.max_bytes=16384",
+                   "benchmark.iters=3", "benchmark.warmup=1"],
+    "refit": ["benchmark=refit", "model=tiny", "parallelism=tp2", "benchmark.strategy=send_recv",
+              "benchmark.warmup=1", "benchmark.iters=3", "benchmark.probe_bytes=65536"],
+    "reshard": ["benchmark=reshard", "benchmark.tensor_bytes=36864", "benchmark.iters=3", "benchmark.warmup=1",
+                "benchmark.m=[1,2]", "benchmark.probe_bytes=65536"],
+}
+
+# a tiny sweep with secret-looking config keys (run again with sweep.force=true by test_wandb)
+SECRET = "sekrit" + "77" * 8
+SECRETS_SWEEP = [*TINY, "parallelism=tp1", f"+wandb_api_key={SECRET}", f"+launch.my_token={SECRET}"]
+
+# compare: one rank (no peer to wait for: the least noisy timing on a busy 2-core box), many
+# short iterations, so that a few preempted ones move neither the median nor the noise estimate
+COMPARE = ["benchmark=refit", "model=tiny", "parallelism=tp1", "benchmark.inference=tp1", "benchmark.iters=200",
+           "benchmark.warmup=5", "benchmark.probe_bytes=65536"]
+SLOW = ["fault.kind=slow", "fault.factor=1.3"]
+
+
+def _run_all(grids: dict[str, list[str]], root: Path) -> dict[str, SweepRun]:
+    """The sweeps at the same time (a 2-core box spends much of a sweep starting processes)."""
+    with ThreadPoolExecutor(len(grids)) as pool:
+        futures = {k: pool.submit(run_sweepbench, v, sweep_dir=root / k, cwd=root, timeout=280)
+                   for k, v in grids.items()}
+        return {k: f.result() for k, f in futures.items()}
+
+
+@pytest.fixture(scope="session")
+def all_sweeps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SweepRun]:
+    runs = _run_all({**REPORT_SWEEPS, "secrets": SECRETS_SWEEP}, tmp_path_factory.mktemp("report_sweeps"))
+    for name, run in runs.items():
+        expected = 1 if name == "collective" else 0  # the failed job makes the sweep exit 1
+        assert run.rc == expected, run.describe()
+    return runs
+
+
+@pytest.fixture(scope="session")
+def report_sweeps(all_sweeps: dict[str, SweepRun]) -> dict[str, SweepRun]:
+    """One sweep of each benchmark (collective with a failed job)."""
+    return {k: all_sweeps[k] for k in REPORT_SWEEPS}
+
+
+@pytest.fixture(scope="session")
+def secrets_sweep(all_sweeps: dict[str, SweepRun]) -> SweepRun:
+    return all_sweeps["secrets"]
+
+
+@pytest.fixture(scope="session")
+def compare_sweeps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SweepRun]:
+    """base, twin (the same config) and slow, run at the same time: whatever else loads the
+    machine meanwhile loads all three alike, so the comparison sees the slowdown, not the drift."""
+    grids = {"base": COMPARE, "twin": COMPARE, "slow": [*COMPARE, *SLOW]}
+    runs = _run_all(grids, tmp_path_factory.mktemp("compare_sweeps"))
+    for run in runs.values():
+        assert run.rc == 0, run.describe()
+    return runs
+
+
+def sweepbench_cli(*args: str | Path) -> subprocess.CompletedProcess:
+    """``sweepbench ARGS`` (a sub-command) run in this process, its exit status and output.
+    The console entry itself (``python -m sweepbench report``) is run as a process by the page
+    fixture; the other calls skip a 2-core box's seconds of interpreter start-up."""
+    from sweepbench.report.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main([str(a) for a in args])
+        except SystemExit as exit_:  # argparse: --help, usage errors
+            rc = int(exit_.code or 0)
+    return subprocess.CompletedProcess(list(args), rc, out.getvalue(), err.getvalue())

@@ -1,0 +1,88 @@
+"""compare on real sweeps: the same config twice is not `slower`; a job slowed down by a known
+factor inside its timed region (fault.kind=slow fault.factor=1.3) is, against its clean twin."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from ..conftest import SweepRun
+from .browser import visit
+from .conftest import sweepbench_cli
+
+
+def _compare(a: SweepRun, b: SweepRun, out: Path, *extra: str) -> tuple[int, pd.DataFrame, str]:
+    proc = sweepbench_cli("compare", a.sweep_dir, b.sweep_dir, "-o", out, *extra)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, pd.read_csv(out / "compare.csv"), proc.stdout
+
+
+def test_same_config_twice_is_not_slower(compare_sweeps: dict[str, SweepRun], tmp_path: Path) -> None:
+    rc, table, stdout = _compare(compare_sweeps["base"], compare_sweeps["twin"], tmp_path, "--fail-on-regression")
+    assert len(table) == 1, stdout  # one job, one case, joined by config (same tag)
+    row = table.iloc[0]
+    assert row["baseline_tag"] == row["candidate_tag"]
+    assert row["verdict"] in ("unchanged", "~", "unstable"), row.to_dict()
+    assert row["n_baseline"] == row["n_candidate"] == 200
+    assert rc == 0
+
+
+def test_known_slowdown_is_slower(compare_sweeps: dict[str, SweepRun], tmp_path: Path) -> None:
+    base, slow = compare_sweeps["base"], compare_sweeps["slow"]
+    rc, table, stdout = _compare(base, slow, tmp_path, "--fail-on-regression")
+    assert len(table) == 1, stdout
+    row = table.iloc[0]
+    # joined with its clean twin although its tag differs (fault.* is not part of the join)
+    assert row["baseline_tag"] != row["candidate_tag"]
+    assert row["verdict"] == "slower", row.to_dict()
+    assert row["ratio"] > row["threshold"] and row["p_value"] < 0.002
+    assert row["ci_low"] <= 1.3 * 1.15 and row["ci_high"] >= 1.3 * 0.85  # the factor, give or take the noise
+    assert rc == 1 and "slower" in stdout
+    # the same pair without --fail-on-regression: the verdict is reported, the exit is 0
+    rc, _, _ = _compare(base, slow, tmp_path / "again")
+    assert rc == 0
+
+
+def test_comparison_page(compare_sweeps: dict[str, SweepRun], tmp_path: Path) -> None:
+    _compare(compare_sweeps["base"], compare_sweeps["slow"], tmp_path)
+    seen = visit(tmp_path / "compare.html")
+    assert seen.console_errors == [] and seen.requests == [(tmp_path / "compare.html").as_uri()]
+    assert [f["title"] for f in seen.figures] == ["refit ratio heatmap"]
+    assert seen.figures[0]["width"] > 100 and seen.figures[0]["drawn"] > 20
+    assert "slower: 1" in seen.text
+
+
+def test_join_on_named_columns(compare_sweeps: dict[str, SweepRun], report_sweeps: dict[str, SweepRun],
+                               tmp_path: Path) -> None:
+    rc, table, _ = _compare(compare_sweeps["base"], compare_sweeps["slow"], tmp_path, "--on", "benchmark,model")
+    assert list(table["verdict"]) == ["slower"]
+    # the collective sweep's two jobs share benchmark and model: the join says which columns to add
+    coll = report_sweeps["collective"]
+    proc = sweepbench_cli("compare", coll.sweep_dir, coll.sweep_dir, "-o", tmp_path / "x", "--on", "model")
+    assert proc.returncode == 2 and "have the same join key" in proc.stderr and "--on" in proc.stderr
+    refit = report_sweeps["refit"]
+    rc, table, _ = _compare(refit, refit, tmp_path / "y", "--on", "model,strategy")
+    assert len(table) == 1 and set(table["verdict"]) <= {"unchanged", "~", "unstable"}
+    assert (table["note"].str.contains("fewer than 7 iterations")).all()  # 3 iterations: never significant
+
+
+def test_failed_candidate_job(report_sweeps: dict[str, SweepRun], tmp_path: Path) -> None:
+    """The collective sweep against itself: its failed job (fault.kind=raise) is listed, not compared."""
+    coll = report_sweeps["collective"]
+    proc = sweepbench_cli("compare", coll.sweep_dir, coll.sweep_dir, "-o", tmp_path, "--on", "fault.kind")
+    assert proc.returncode == 0, proc.stderr
+    table = pd.read_csv(tmp_path / "compare.csv")
+    failed = table[table["verdict"] == "not compared"]
+    assert len(failed) == 1 and "injected fault" in failed.iloc[0]["note"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--p-value", "2"], "p_value=2.0 must be in (0, 1)"),
+    (["--on", "no_such_column"], "--on column 'no_such_column' is not in job"),
+])
+def test_bad_options(compare_sweeps: dict[str, SweepRun], tmp_path: Path, args: list[str], message: str) -> None:
+    proc = sweepbench_cli("compare", compare_sweeps["base"].sweep_dir, compare_sweeps["twin"].sweep_dir,
+                          "-o", tmp_path, *args)
+    assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
