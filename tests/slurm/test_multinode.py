@@ -71,6 +71,7 @@ def test_ranks_span_both_nodes_and_the_collective_verifies(sweep: SweepRun, tags
     nodes = multinode_cluster.run(["scontrol", "show", "hostnames", env["slurm"]["nodelist"]]).stdout.split()
     assert nodes == ["sbnode1", "sbnode2"]
     assert env["environment"]["SLURM_JOB_NUM_NODES"] == "2"
+    assert env["environment"]["SLURM_TASKS_PER_NODE"] == "2(x2)"  # SLURM's placement: 2 ranks a node
     # the rendezvous is rank 0's node address, which exists only inside the test's namespaces
     addr = multinode_cluster.node_addr("sbnode1")
     assert env["environment"]["MASTER_ADDR"] == addr

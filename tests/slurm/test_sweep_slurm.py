@@ -80,7 +80,7 @@ def test_slurm_sweep_matches_a_local_sweep(slurm_sweep: SweepRun, local_sweep: S
     for run in (slurm_sweep, local_sweep):
         assert {p.name for p in run.job_dirs() if not p.name.startswith(".")} == tags
         assert {p.name for p in run.sweep_dir.iterdir() if p.is_file()} == {"multirun.yaml", "results.csv",
-                                                                            "results.parquet"}
+                                                                            "results.parquet", "report.html"}
     assert (slurm_sweep.sweep_dir / ".submitit").is_dir()
     for tag in tags:
         on_slurm, local = slurm_sweep.sweep_dir / tag, local_sweep.sweep_dir / tag
@@ -235,7 +235,7 @@ def test_a_job_slurm_would_never_start_fails_alone(slurm_cluster: SlurmCluster, 
     assert f"{tags['tp4']}: PENDING (PartitionNodeLimit)" in run.stdout
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_a_refused_submission_is_a_failed_job(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     run = run_sweepbench([*SLURM, "hydra.launcher.partition=nope", "benchmark=collective", *TINY],
                          sweep_dir=tmp_path / "sweep")
