@@ -23,9 +23,8 @@ from omegaconf import DictConfig
 from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline
 from sweepbench.benchmarks.layouts import as_node, degrees_of, parse_layout, world_of
 from sweepbench.benchmarks.registry import register
-from sweepbench.benchmarks.transfer import (TransferConfig, check_strategy_backend, check_transfer_options,
-                                            time_transfer, transfer_strategy)
-from sweepbench.config.validate import check_layout, resolve_backend
+from sweepbench.benchmarks.transfer import TransferConfig, check_transfer_options, time_transfer, transfer_strategy
+from sweepbench.config.validate import check_layout
 from sweepbench.parallel.impls import check_impl
 from sweepbench.parallel import Layout, make_plan, model_layout, model_param_specs, total_bytes
 
@@ -66,7 +65,7 @@ class RefitBenchmark(Benchmark):
     @classmethod
     def headline(cls, cfg: DictConfig) -> list[Headline]:
         return [Headline("refit_median_s", "refit median s"), Headline("refit_iqr_s", "IQR s"),
-                Headline("link_floor_s", "link floor s"), Headline("fraction_of_link", "floor/time"),
+                Headline("refit_link_floor_s", "link floor s"), Headline("fraction_of_link", "floor/time"),
                 Headline("effective_gbps", "effective GB/s")]
 
     @classmethod
@@ -109,9 +108,7 @@ class RefitBenchmark(Benchmark):
         b = cfg.benchmark
         infer = parse_layout(b.inference, key="benchmark.inference")
         check_layout(cfg.model, as_node(infer, b.inference), where="benchmark.inference")
-        check_transfer_options(b)
-        check_strategy_backend(transfer_strategy(resolve_backend(cfg.backend.name), b.strategy),
-                               resolve_backend(cfg.backend.name))
+        check_transfer_options(b, backend=cfg.backend.name)
         train, _, infer, _ = _placements(cfg)
         check_impl(b.impl, train, infer)
 

@@ -149,7 +149,7 @@ class ReshardBenchmark(Benchmark):
     @classmethod
     def validate(cls, cfg: DictConfig) -> None:
         b = cfg.benchmark
-        check_transfer_options(b)
+        check_transfer_options(b, backend=cfg.backend.name)
         if b.probe_bytes < 0:
             raise ValueError(f"benchmark.probe_bytes={b.probe_bytes} must be >= 0 (0: the default size)")
         suite_cases(b)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from sweepbench.benchmarks.base import RankContext, VerificationError
 from sweepbench.config.schema import BenchmarkConfig
+from sweepbench.config.validate import resolve_backend
 from sweepbench.parallel import BALANCE, STRATEGIES
 from sweepbench.parallel.strategies import GPU_ONLY
 
@@ -45,8 +46,9 @@ STRATEGY_OPTIONS: dict[str, Callable[[Any, torch.device], dict[str, Any]]] = {
 BACKEND_STRATEGY = {"nvshmem": "nvshmem"}
 
 
-def check_transfer_options(b: Any) -> None:
-    """The options every transfer benchmark has: strategy, balance, bucket_bytes."""
+def check_transfer_options(b: Any, *, backend: str) -> None:
+    """The options every transfer benchmark has: strategy (and whether ``backend``, as configured,
+    can run it), balance, bucket_bytes."""
     if b.strategy not in STRATEGIES or b.strategy in BACKEND_STRATEGY.values():
         valid = [s for s in STRATEGIES if s not in BACKEND_STRATEGY.values()]
         raise ValueError(f"benchmark.strategy={b.strategy!r}; valid: {', '.join(valid)} "
@@ -55,6 +57,8 @@ def check_transfer_options(b: Any) -> None:
         raise ValueError(f"benchmark.balance={b.balance!r}; valid: {', '.join(BALANCE)}")
     if b.bucket_bytes < 1:
         raise ValueError(f"benchmark.bucket_bytes={b.bucket_bytes} must be >= 1")
+    resolved = resolve_backend(backend)
+    check_strategy_backend(transfer_strategy(resolved, b.strategy), resolved)
 
 
 def check_strategy_backend(strategy: str, backend: str) -> None:
