@@ -46,6 +46,11 @@ def test_option_composes_and_validates(compose, group: str, option: str) -> None
     if group == "parallelism" and cfg.parallelism.ep > 1 and cfg.model.num_experts == 0:
         overrides.append("model=tiny_moe")  # expert parallelism needs an MoE model
         cfg = compose(*overrides)
+    if group == "benchmark" and option == "attention":  # it splits the sequence: the default tp2 is refused
+        with pytest.raises(ValueError, match="use parallelism=cp1/cp2/cp4/cp8, not tp2"):
+            validate(cfg)
+        overrides.append("parallelism=cp2")
+        cfg = compose(*overrides)
     if group == "backend" and option in GPU_BACKENDS:
         if visible_gpus() == 0:
             with pytest.raises(ValueError, match=rf"^backend={option} needs a GPU, but none is visible"):
@@ -212,7 +217,8 @@ CLI_ERRORS = {
     "typo-key": ([COLLECTIVE, "benchmark.iterz=3"], ["unknown key benchmark.iterz: did you mean benchmark.iters?"]),
     "typo-group": ([COLLECTIVE, "parallelsm=tp2"], ["unknown key parallelsm: did you mean parallelism?"]),
     "typo-option": ([COLLECTIVE, "benchmark=colective"],
-                    ["benchmark=colective is not an option of benchmark; did you mean collective? (valid: collective,"]),
+                    ["benchmark=colective is not an option of benchmark; did you mean collective? "
+                     "(valid: attention, collective, refit, reshard, train)"]),
 }
 if visible_gpus() == 0:
     CLI_ERRORS["nccl-no-gpu"] = ([COLLECTIVE, "backend=gloo,nccl", "parallelism=tp1"], ["backend=nccl needs a GPU"])

@@ -26,7 +26,8 @@ class Registry(Generic[T]):
         """Decorator: ``@REG.register("name")`` adds the decorated object under ``name``."""
 
         def deco(obj: T) -> T:
-            if name in self._items:
+            declared = self._modules.get(name)
+            if name in self._items or (declared and getattr(obj, "__module__", declared) != declared):
                 raise ValueError(f"{self.kind} {name!r} is already registered")
             self._items[name] = obj
             return obj

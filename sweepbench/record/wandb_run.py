@@ -81,7 +81,10 @@ def group_name(sweep_dir: str | Path, *, machine: str | None = None) -> str:
 
 def check_wandb_names(cfg: DictConfig) -> None:
     """wandb's name limits, at compose time: tags and job_type <= 64 characters, name <= 128
-    (the run name is the sweep tag, at most sweep.tag_max_len); the group is short by construction."""
+    (the run name is the sweep tag, at most sweep.tag_max_len); the group is short by construction.
+    With wandb.mode=disabled nothing reaches wandb, so nothing is limited."""
+    if cfg.wandb.mode == "disabled":
+        return
     for tag in run_tags(cfg):
         if len(tag) > MAX_TAG:
             raise ValueError(f"wandb tag {tag!r} has {len(tag)} characters; wandb allows at most {MAX_TAG}")

@@ -167,7 +167,7 @@ def test_registries_reject_duplicates_and_unknown_names() -> None:
     reg.register("a")(1)
     with pytest.raises(ValueError, match="'a' is already registered"):
         reg.register("a")(2)
-    with pytest.raises(ValueError, match="unknown strategy 'nope'; valid: broadcast, naive, nvshmem, send_recv"):
+    with pytest.raises(ValueError, match="unknown strategy 'nope'; valid: broadcast, ipc, naive, nvshmem, pipeline, send_recv"):
         STRATEGIES.get("nope")
     with pytest.raises(ValueError, match="already registered"):
         STRATEGIES.register("send_recv")(object)  # type: ignore[arg-type]
