@@ -41,6 +41,7 @@ class IpcPull(SendRecv):
             raise RuntimeError(f"strategy 'ipc' needs an NCCL process group, got {dist.get_backend(self.group)}")
         node = cuda_ipc.node_ids()
         self.buckets = tuple(b for b in self.buckets if any(node[d] != node[b.src] for d in b.dsts))
+        super().setup()  # send_recv's one stage, of the buckets left to NCCL
         self.pulls: dict[int, list[Route]] = {}  # sender -> the routes I pull from it
         self.exported: set[str] = set()  # my source shards same-node peers read
         self.served = 0  # bytes same-node peers pull from me

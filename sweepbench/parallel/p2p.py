@@ -14,10 +14,26 @@ class SendRecv(Executor):
     ``batch_isend_irecv``; small routes share a bucket per (src, dst) pair.  Works with
     plans of either fanout (a multi-receiver bucket is sent to each receiver)."""
 
+    def setup(self) -> None:
+        self.stages = [list(range(len(self.buckets)))]  # one batched send/recv of every bucket
+
     def run(self, src_shards: Shards, dst_shards: Shards) -> None:
+        inflight = [self._issue(stage, src_shards, dst_shards) for stage in self.stages]
+        # the local copies run on this stream while NCCL moves the remote pieces on its own
+        self.copy_local(src_shards, dst_shards)
+        for recvs, works in inflight:
+            for work in works:
+                work.wait()
+            for b, target in recvs:
+                self.unpack(b, target, dst_shards)
+
+    def _issue(self, stage: list[int], src_shards: Shards,
+               dst_shards: Shards) -> tuple[list[tuple[Bucket, torch.Tensor]], list[dist.Work]]:
+        """Pack this rank's buckets of ``stage`` and issue them as one batched send/recv."""
         ops: list[dist.P2POp] = []
         recvs: list[tuple[Bucket, torch.Tensor]] = []
-        for i, b in enumerate(self.buckets):
+        for i in stage:
+            b = self.buckets[i]
             if b.src == self.rank:
                 data = self.pack(i, b, src_shards)
                 ops += [dist.P2POp(dist.isend, data, peer, self.group) for peer in b.dsts]
@@ -25,13 +41,7 @@ class SendRecv(Executor):
                 target = self.recv_target(i, b, dst_shards)
                 ops.append(dist.P2POp(dist.irecv, target, b.src, self.group))
                 recvs.append((b, target))
-        works = dist.batch_isend_irecv(ops) if ops else []
-        # the local copies run on this stream while NCCL moves the remote pieces on its own
-        self.copy_local(src_shards, dst_shards)
-        for work in works:
-            work.wait()
-        for b, target in recvs:
-            self.unpack(b, target, dst_shards)
+        return recvs, (dist.batch_isend_irecv(ops) if ops else [])
 
 
 @STRATEGIES.register("pipeline")
@@ -49,25 +59,3 @@ class Pipelined(SendRecv):
             k = seen[(b.src, b.dsts)] = seen.get((b.src, b.dsts), -1) + 1
             stages.setdefault(k, []).append(i)
         self.stages = [stages[k] for k in sorted(stages)]
-
-    def run(self, src_shards: Shards, dst_shards: Shards) -> None:
-        inflight: list[tuple[list[tuple[Bucket, torch.Tensor]], list[dist.Work]]] = []
-        for stage in self.stages:
-            ops: list[dist.P2POp] = []
-            recvs: list[tuple[Bucket, torch.Tensor]] = []
-            for i in stage:
-                b = self.buckets[i]
-                if b.src == self.rank:
-                    data = self.pack(i, b, src_shards)
-                    ops += [dist.P2POp(dist.isend, data, peer, self.group) for peer in b.dsts]
-                else:
-                    target = self.recv_target(i, b, dst_shards)
-                    ops.append(dist.P2POp(dist.irecv, target, b.src, self.group))
-                    recvs.append((b, target))
-            inflight.append((recvs, dist.batch_isend_irecv(ops)))
-        self.copy_local(src_shards, dst_shards)
-        for recvs, works in inflight:
-            for work in works:
-                work.wait()
-            for b, target in recvs:
-                self.unpack(b, target, dst_shards)
