@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, VerificationError
 from sweepbench.benchmarks.registry import register
 from sweepbench.config.schema import BenchmarkConfig
+from sweepbench.report.units import format_bytes
 
 ALL_OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv"]  # measure.collectives.OPS
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -39,14 +40,6 @@ def message_sizes(cfg: Any) -> list[int]:
     return sizes
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:g} {unit}"
-        n /= 1024
-    raise AssertionError
-
-
 @register("collective")
 class CollectiveBenchmark(Benchmark):
     schema = CollectiveConfig
@@ -67,7 +60,7 @@ class CollectiveBenchmark(Benchmark):
 
     @classmethod
     def headline(cls, cfg: DictConfig) -> list[Headline]:
-        at = human_bytes(message_sizes(cfg.benchmark)[-1])
+        at = format_bytes(message_sizes(cfg.benchmark)[-1])
         return [Headline(f"{op}_{key}", f"{op} {label} @{at}") for op in cfg.benchmark.ops
                 for key, label in (("busbw_gbps", "busbw GB/s"), ("median_s", "median s"))]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from sweepbench.report.plotting import format_bytes
+from sweepbench.report.units import format_bytes
 
 # scalar fields that vary between runs of one case, or that are settings rather than identity
 _NOT_IDENTITY = frozenset({"warmup", "iters", "verified", "plan_digest", "routes"})

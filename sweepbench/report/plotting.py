@@ -29,17 +29,9 @@ from matplotlib.colors import Normalize, TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator
 
+from sweepbench.report.units import format_bytes
+
 Points = Sequence[tuple[float, float]]  # (x, y) pairs; sorted by x when drawn
-
-_BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
-
-
-def format_bytes(n: float) -> str:
-    """``1048576`` -> ``1 MiB``; powers of two stay exact, others get 3 significant digits."""
-    if n <= 0:
-        return f"{n:g} B"
-    exp = min(int(math.log(n, 1024)), len(_BYTE_UNITS) - 1)
-    return f"{n / 1024 ** exp:.3g} {_BYTE_UNITS[exp]}"
 
 
 def ok_jobs(jobs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
