@@ -32,7 +32,10 @@ SECRETS_SWEEP = [*TINY, "parallelism=tp1", f"+wandb_api_key={SECRET}", f"+launch
 # short iterations, so that a few preempted ones move neither the median nor the noise estimate
 COMPARE = ["benchmark=refit", "model=tiny", "parallelism=tp1", "benchmark.inference=tp1", "benchmark.iters=200",
            "benchmark.warmup=5", "benchmark.probe_bytes=65536"]
-SLOW = ["fault.kind=slow", "fault.factor=1.3"]
+# a doubling: on a busy 2-core CI box the baseline's own noise (IQR/median) was seen at 13%, which
+# raises the threshold to 1.25 and would hide a 1.3x slowdown (correctly: it is within 2x noise)
+SLOW_FACTOR = 2.0
+SLOW = ["fault.kind=slow", f"fault.factor={SLOW_FACTOR}"]
 
 
 def _run_all(grids: dict[str, list[str]], root: Path, *, workers: int = 0) -> dict[str, SweepRun]:
