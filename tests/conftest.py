@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -81,6 +82,12 @@ class SweepRun:
 
     def results(self) -> pd.DataFrame:
         return pd.read_csv(self.sweep_dir / "results.csv")
+
+    def progress(self, tag: str) -> list[str]:
+        """The per-case progress lines in the job's rank-0 log, as ``i/N: label``
+        (``sweepbench.measure.progress.case_done``)."""
+        log = (self.sweep_dir / tag / "logs" / "rank0.log").read_text()
+        return [m.group(1) + ": " + m.group(2) for m in re.finditer(r"case (\d+/\d+) done: (.*)$", log, re.M)]
 
     def describe(self) -> str:
         return (f"`sweepbench {' '.join(self.args)}` exited {self.rc}\n--- stdout (tail)\n"

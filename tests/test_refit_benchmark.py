@@ -40,6 +40,8 @@ def test_every_strategy_and_mode_refits_and_verifies(grid: SweepRun) -> None:
         assert case["p2p_gbps"] > 0 and case["link_floor_s"] > 0 and case["fraction_of_link"] > 0
         assert case["impl"] == "sweepbench" and case["method"] == case["strategy"]
         assert tag.startswith(f"refit-tp1-{case['strategy']}-sweepbench_tiny_tp2_")
+        steps = grid.progress(tag)
+        assert len(steps) == 2 and steps[0].startswith("1/2: link probed") and "verified and timed" in steps[1], steps
     assert seen == {(s, mode) for s in ("send_recv", "broadcast", "naive")
                     for mode in ("collocated", "non_collocated")}
 

@@ -91,6 +91,11 @@ def _check_case(case: dict[str, Any], *, probe_bytes: int, iters: int = 2) -> No
 def test_both_suites_every_strategy_verify(sweeps: list[SweepRun]) -> None:
     seen = set()
     for run in sweeps:
+        for tag, m in run.all_metrics().items():  # progress while it ran: the link probe, then each case
+            cases = m["results"]["cases"]
+            n = len(cases) + 1
+            assert run.progress(tag) == [f"1/{n}: link probed at {cases[0]['probe_bytes']} B", *(
+                f"{i}/{n}: case {c['case']}: {c['fraction_of_link']:.2f} of the link" for i, c in enumerate(cases, 2))]
         for m in _jobs(run):
             assert m["status"] == "ok", m["error"]
             assert m["verified"] is True

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from sweepbench.attention.comm import Comm, gather_sequence, reduce_scatter_sequence
-from sweepbench.attention.ops import Block, SdpaBackend, attend, attend_backward, new_accumulators
+from sweepbench.attention.ops import Block, SdpaBackend, attend, attend_backward, new_accumulators, stash, unstash
 from sweepbench.attention.placement import spans
 
 
@@ -45,20 +45,16 @@ class AllGatherAttention(torch.autograd.Function):
         kv = gather_sequence(opt.comm, torch.stack([k, v]), dim=3, placement=opt.placement)
         out, lse = new_accumulators(q)
         aux = attend(opt.backend, q, kv[0], kv[1], _blocks(opt, q.shape[2]), scale=opt.scale, out=out, lse=lse)
-        out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.opt, ctx.aux = opt, aux
-        return out
+        return stash(ctx, q, k, v, out, lse, (opt, aux))
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
-        q, k, v, out, lse = ctx.saved_tensors
-        opt: AllGatherOptions = ctx.opt
+        q, k, v, out, lse, (opt, aux) = unstash(ctx)
         kv = gather_sequence(opt.comm, torch.stack([k, v]), dim=3, placement=opt.placement)
         dq = torch.zeros_like(q, dtype=torch.float32)
         dkv = torch.zeros_like(kv, dtype=torch.float32)
         attend_backward(opt.backend, dout.contiguous(), q, kv[0], kv[1], out, lse, _blocks(opt, q.shape[2]),
-                        scale=opt.scale, aux=ctx.aux, dq=dq, dk=dkv[0], dv=dkv[1])
+                        scale=opt.scale, aux=aux, dq=dq, dk=dkv[0], dv=dkv[1])
         mine = reduce_scatter_sequence(opt.comm, dkv, dim=3, placement=opt.placement)
         return dq.to(q.dtype), mine[0].to(k.dtype), mine[1].to(v.dtype), None
 

@@ -21,7 +21,7 @@ import torch
 
 from sweepbench.attention.comm import Comm, gather_sequence, reduce_scatter_sequence
 from sweepbench.attention.ops import (Block, SdpaBackend, attend, attend_backward, full_blocks, merge_,
-                                      new_accumulators)
+                                      new_accumulators, stash, unstash)
 from sweepbench.attention.placement import Span, spans
 
 
@@ -110,15 +110,11 @@ class DilatedAttention(torch.autograd.Function):
             merge_(so, sl, bo, bl)
             out.scatter_(2, idx[None, :, :, None].expand_as(so), so)
             lse.scatter_(2, idx[None].expand_as(sl), sl)
-        out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.opt, ctx.aux = opt, aux
-        return out
+        return stash(ctx, q, k, v, out, lse, (opt, aux))
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
-        q, k, v, out, lse = ctx.saved_tensors
-        opt: DilatedOptions = ctx.opt
+        q, k, v, out, lse, (opt, aux) = unstash(ctx)
         local = spans(opt.placement, opt.comm.rank, opt.comm.size, opt.seq_len)
         grads = [torch.zeros_like(x, dtype=torch.float32) for x in (q, k, v)]
         for br in opt.branches:
@@ -132,13 +128,13 @@ class DilatedAttention(torch.autograd.Function):
                 sq, sk, sv = _segments(dqs, m), _segments(dks, m), _segments(dvs, m)
                 attend_backward(opt.backend, _segments(dos, m), _segments(qs, m), _segments(ks, m),
                                 _segments(vs, m), _segments(os_, m), _segments(ls, m), full_blocks(m, opt.causal),
-                                scale=opt.scale, aux=ctx.aux, dq=sq, dk=sk, dv=sv)
+                                scale=opt.scale, aux=aux, dq=sq, dk=sk, dv=sv)
                 dqs, dks, dvs = _unsegments(sq, b), _unsegments(sk, b), _unsegments(sv, b)
             else:
                 kv = _gather_sequence(opt, torch.stack([ks, vs]))
                 dkv = torch.zeros_like(kv, dtype=torch.float32)
                 attend_backward(opt.backend, dos, qs, kv[0], kv[1], os_, ls, _long_blocks(br, local, opt.causal),
-                                scale=opt.scale, aux=ctx.aux, dq=dqs, dk=dkv[0], dv=dkv[1])
+                                scale=opt.scale, aux=aux, dq=dqs, dk=dkv[0], dv=dkv[1])
                 dks, dvs = _scatter_sequence(opt, dkv)
             for g, part in zip(grads, (dqs, dks, dvs)):
                 g.scatter_add_(2, idx[None, :, :, None].expand_as(part), part)

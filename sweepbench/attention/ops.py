@@ -182,6 +182,21 @@ def new_accumulators(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             torch.full((b, h, l), float("-inf"), dtype=torch.float32, device=q.device))
 
 
+def stash(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+          meta: Any) -> torch.Tensor:
+    """The end of an attention Function's forward: the fp32 output in q's dtype, saved for backward
+    with q, k, v and the LSE, plus what else backward needs (``meta``)."""
+    out = out.to(q.dtype)
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.meta = meta
+    return out
+
+
+def unstash(ctx: Any) -> tuple[Any, ...]:
+    """What :func:`stash` kept: q, k, v, out, lse, meta."""
+    return (*ctx.saved_tensors, ctx.meta)
+
+
 class LocalAttention(torch.autograd.Function):
     """Blocks over local q, k, v as one autograd node (single device; Ulysses' local step)."""
 
@@ -189,15 +204,11 @@ class LocalAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, backend: SdpaBackend, blocks: tuple[Block, ...], scale: float):  # type: ignore[override]
         out, lse = new_accumulators(q)
         aux = attend(backend, q, k, v, blocks, scale=scale, out=out, lse=lse)
-        out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.meta = (backend, blocks, scale, aux)
-        return out
+        return stash(ctx, q, k, v, out, lse, (backend, blocks, scale, aux))
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
-        q, k, v, out, lse = ctx.saved_tensors
-        backend, blocks, scale, aux = ctx.meta
+        q, k, v, out, lse, (backend, blocks, scale, aux) = unstash(ctx)
         dq = torch.zeros_like(q, dtype=torch.float32)
         dk = torch.zeros_like(k, dtype=torch.float32)
         dv = torch.zeros_like(v, dtype=torch.float32)

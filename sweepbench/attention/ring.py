@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from sweepbench.attention.comm import Comm, Pending
-from sweepbench.attention.ops import Block, SdpaBackend, attend, attend_backward, new_accumulators
+from sweepbench.attention.ops import Block, SdpaBackend, attend, attend_backward, new_accumulators, stash, unstash
 
 Schedule = Callable[[int, int, int, bool], list[Block]]  # (rank, src, local_len, causal)
 ALL = slice(None)
@@ -86,15 +86,11 @@ class RingAttention(torch.autograd.Function):
             if s < w - 1:
                 pending = pending or _exchange(comm, cur, nxt, now=True)
                 pending.wait()
-        out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.opt, ctx.aux = opt, aux
-        return out
+        return stash(ctx, q, k, v, out, lse, (opt, aux))
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
-        q, k, v, out, lse = ctx.saved_tensors
-        opt: RingOptions = ctx.opt
+        q, k, v, out, lse, (opt, aux) = unstash(ctx)
         comm, schedule = opt.comm, SCHEDULES[opt.placement]
         w, r, n = comm.size, comm.rank, q.shape[2]
         dout = dout.contiguous()
@@ -109,7 +105,7 @@ class RingAttention(torch.autograd.Function):
             grads = torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device)
             blocks = schedule(r, (r - s) % w, n, opt.causal)
             attend_backward(opt.backend, dout, q, cur[0], cur[1], out, lse, blocks, scale=opt.scale,
-                            aux=ctx.aux, dq=dq, dk=grads[0], dv=grads[1])
+                            aux=aux, dq=dq, dk=grads[0], dv=grads[1])
             if s == 0:
                 dkv = grads
             else:  # the accumulator of these K/V, received from the previous rank meanwhile

@@ -27,6 +27,7 @@ from sweepbench.attention.scaling import Shape, attention_flops, make_inputs, mi
 from sweepbench.benchmarks.base import VerificationError
 from sweepbench.measure import summarize, time_iterations
 from sweepbench.measure.memory import memory_peaks, reset_peaks
+from sweepbench.measure.progress import case_done
 
 FLOP_NOTE = ("forward 4*B*H*D per attended (query, key) pair, causal = half the pairs, dilated = the "
              "branches' pairs; backward 2.5x forward; TFLOP/s = FLOPs / median time")
@@ -110,6 +111,8 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
                                               pattern=pattern, branches=branches, iters=t1_iters)
     t1_backend = min(t1_stats, key=lambda n: t1_stats[n]["median_s"])
     backend = t1_backend if sdpa_backend == "auto" else sdpa_backend
+    steps = 3 + (impl != "torch_cp")  # T1, verified, timed, and the same without communication
+    case_done(f"T1 (one device, {t1_backend}): {t1_stats[t1_backend]['median_s'] * 1e3:.3g} ms", total=steps)
     spec = get_impl(impl)
     mine = [shard_sequence(x, dim=2, rank=rank, world_size=world_size, placement=spec.placement) for x in inputs]
     leaves, ldout = _leaves(*mine[:3]), mine[3]
@@ -144,6 +147,7 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
     if errors:
         raise VerificationError(f"impl={impl} W={world_size} seq_len={seq_len}: " + "; ".join(errors))
     del gathered, got, out
+    case_done(f"{impl} W={world_size} verified against T1", total=steps)
 
     holder: dict[str, torch.Tensor] = {}
 
@@ -177,8 +181,11 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
     reset_peaks(device)
     tot = time_iterations(timed_step, warmup=warmup, iters=iters, device=device)
     memory = memory_peaks(device)
+    case_done(f"{impl} W={world_size} timed: {summarize(tot)['median_s'] * 1e3:.3g} ms", total=steps)
     no_comm = (time_iterations(total(LocalComm()), warmup=warmup, iters=iters, device=device)
                if impl != "torch_cp" else None)
+    if no_comm is not None:
+        case_done(f"{impl} W={world_size} timed without communication", total=steps)
     own_median = summarize(own[-iters:])["median_s"]
     per_rank = [None] * world_size
     dist.all_gather_object(per_rank, {"total_median_s": own_median, **memory})

@@ -129,9 +129,16 @@ class CollectiveBenchmark(Benchmark):
 
     def run(self) -> BenchmarkResult:
         from sweepbench.measure.collectives import OPS
+        from sweepbench.measure.progress import case_done
+        from sweepbench.report.units import format_bytes
 
         ops = [op for op in self.cfg.ops if self.ctx.world_size >= OPS[op].min_ranks]
-        cases = [self._case(op, size) for op in ops for size in message_sizes(self.cfg)]
+        grid = [(op, size) for op in ops for size in message_sizes(self.cfg)]
+        cases = []
+        for op, size in grid:
+            cases.append(self._case(op, size))
+            case_done(f"{op} {format_bytes(cases[-1]['size_bytes'])}: busbw {cases[-1]['busbw_gbps']:.3g} GB/s",
+                      total=len(grid))
         summary: dict[str, float] = {}
         for op in ops:  # the headline numbers are the largest message's, as the headline labels say
             largest = [c for c in cases if c["op"] == op][-1]

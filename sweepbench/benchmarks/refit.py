@@ -120,6 +120,7 @@ class RefitBenchmark(Benchmark):
     def run(self) -> BenchmarkResult:
         from sweepbench.measure import summarize
         from sweepbench.measure.link import probe_links
+        from sweepbench.measure.progress import case_done
 
         ctx, cfg = self.ctx, self.cfg
         src, dst = self.layouts()
@@ -127,7 +128,9 @@ class RefitBenchmark(Benchmark):
         floor_plan = make_plan(src, dst, balance=cfg.balance)  # what must cross a link, strategy aside
         probe_bytes = cfg.probe_bytes or (1 << 30 if ctx.device.type == "cuda" else 4 << 20)
         link = probe_links(nbytes=probe_bytes, device=ctx.device)
+        case_done(f"link probed: {link['link_gbps']:.3g} GB/s", total=2)
         run = time_transfer(src, dst, ctx=ctx, cfg=cfg, strategy=strategy, label="refit", impl=cfg.impl)
+        case_done(f"refit {cfg.impl}/{strategy} verified and timed", total=2)
         stats = summarize(run.times_s)
         busiest = max(max(floor_plan.send_bytes.get(r, 0), floor_plan.recv_bytes.get(r, 0))
                       for r in range(ctx.world_size))

@@ -156,6 +156,7 @@ class ReshardBenchmark(Benchmark):
 
     def run(self) -> BenchmarkResult:
         from sweepbench.measure.link import probe_links
+        from sweepbench.measure.progress import case_done
 
         ctx, cfg = self.ctx, self.cfg
         strategy = transfer_strategy(ctx.backend, cfg.strategy)
@@ -163,7 +164,11 @@ class ReshardBenchmark(Benchmark):
         # the link at the cases' message size (a smaller probe would understate it)
         probe_bytes = cfg.probe_bytes or max(rc.src.params[0].nbytes for rc in resolved)
         link = probe_links(nbytes=max(4, probe_bytes // 4 * 4), device=ctx.device)
-        cases = [self._case(rc, strategy, link) for rc in resolved]
+        case_done(f"link probed at {link['probe_bytes']} B", total=len(resolved) + 1)
+        cases = []
+        for rc in resolved:
+            cases.append(self._case(rc, strategy, link))
+            case_done(f"case {rc.name}: {cases[-1]['fraction_of_link']:.2f} of the link", total=len(resolved) + 1)
         summary: dict[str, float] = {"p2p_gbps": link["p2p_gbps"], "broadcast_gbps": link["broadcast_gbps"]}
         for case in cases:
             summary.update({f"{case['case']}_{k}": case[k] for k in SUMMARY_KEYS})

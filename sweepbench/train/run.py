@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from sweepbench.measure import summarize, time_iterations
+from sweepbench.measure.progress import case_done
 from sweepbench.train.context import ContextParallel, build_context_parallel
 from sweepbench.train.data import SyntheticTask
 from sweepbench.train.flops import bf16_peak, matmul_ceiling
@@ -83,6 +84,7 @@ def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | N
                              holds_loss=trainer.holds_loss)
     worst = check_losses(reference, verified, precision=plan.precision)
     losses, step_no = list(verified), int(b.verify_steps)
+    case_done(f"{len(verified)} steps verified at {depth} layers (max rel err {worst:.2g})", total=2)
     if depth != shape.num_layers:  # verified at reduced depth: now the full model, from step 0
         del trainer
         free_memory()
@@ -104,6 +106,7 @@ def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | N
     times = time_iterations(step, warmup=int(b.warmup), iters=int(b.iters), device=device,
                             after=lambda: mem_per_step.append(current_bytes(device) / GIB))
     nvml.pause()
+    case_done(f"{int(b.iters)} steps timed: median {summarize(times)['median_s']:.3g} s", total=2)
     losses += global_losses(local, holds_loss=trainer.holds_loss)
     first_loss, last_loss = check_learning(losses)
     stats = summarize(times)

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sweepbench.parallel.specs import ModelShape
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -29,9 +31,10 @@ class Shape:
 
     @classmethod
     def of(cls, model: Any, *, num_layers: int | None = None) -> "Shape":
-        return cls(num_layers=num_layers or int(model.num_layers), hidden_size=int(model.hidden_size),
-                   num_heads=int(model.num_heads), num_kv_heads=int(model.num_kv_heads),
-                   ffn_hidden_size=int(model.ffn_hidden_size), vocab_size=int(model.vocab_size))
+        """From a ``model`` config, read and checked as every engine reads it (``ModelShape``)."""
+        m = ModelShape.from_config(model)
+        return cls(num_layers or m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.ffn_hidden_size,
+                   m.vocab_size)
 
     @property
     def head_dim(self) -> int:

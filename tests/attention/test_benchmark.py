@@ -51,6 +51,9 @@ def test_grid_jobs_verified_and_reported(grid: SweepRun, compose) -> None:
             assert case["flop_count"] == flops
             assert case["tflops"] == pytest.approx(flops / case["median_s"] / 1e12)
             assert case["exposed_comm_s"] == pytest.approx(case["median_s"] - case["no_comm_median_s"])
+            steps = grid.progress(tag)  # what the driver showed while the job ran
+            assert [s.split(":")[0] for s in steps] == ["1/4", "2/4", "3/4", "4/4"], steps
+            assert steps[0].startswith("1/4: T1 (one device, cpu_flash)") and "ring W=" in steps[2]
             s = metrics[tag]["results"]["summary"]
             assert s["total_median_ms"] == pytest.approx(case["median_s"] * 1e3)
             assert s["tokens_per_s"] == pytest.approx(2 * 128 / case["median_s"])

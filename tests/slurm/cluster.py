@@ -52,7 +52,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 try:
     from .ports import load_ports, refresh_ports, save_ports
@@ -857,9 +857,10 @@ performance_schema=OFF
         return "\n".join(rows)
 
 
-def _main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str], cluster: Any) -> int:
+    """``start|stop|status`` of a test cluster (this one, or the two-node one of multinode.py),
+    for a person looking at it by hand."""
     cmd = argv[1] if len(argv) > 1 else "status"
-    cluster = SlurmCluster()
     if cmd == "start":
         t0 = time.monotonic()
         cluster.start()
@@ -876,4 +877,4 @@ def _main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv))
+    sys.exit(main(sys.argv, SlurmCluster()))

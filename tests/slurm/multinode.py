@@ -26,12 +26,12 @@ from typing import Dict, Optional, Sequence
 
 try:
     from .cluster import (HEALTHY_NODE_STATES, INSTALL_HINT, SlurmCluster, SlurmClusterError, _PreflightError,
-                          _which, missing_binaries)
+                          _which, main, missing_binaries)
     from .netns import PrivateNet
     from .ports import load_ports
 except ImportError:  # run as a script
     from cluster import (HEALTHY_NODE_STATES, INSTALL_HINT, SlurmCluster, SlurmClusterError,  # type: ignore
-                         _PreflightError, _which, missing_binaries)
+                         _PreflightError, _which, main, missing_binaries)
     from netns import PrivateNet  # type: ignore[no-redef]
     from ports import load_ports  # type: ignore[no-redef]
 
@@ -187,23 +187,5 @@ class MultiNodeCluster(SlurmCluster):
         return "\n".join(rows)
 
 
-def _main(argv: Sequence[str]) -> int:
-    cmd = argv[1] if len(argv) > 1 else "status"
-    cluster = MultiNodeCluster(SlurmCluster())
-    if cmd == "start":
-        t0 = time.monotonic()
-        cluster.start()
-        print(f"started in {time.monotonic() - t0:.1f}s; export SLURM_CONF={cluster.slurm_conf}")
-    elif cmd == "stop":
-        cluster.stop()
-        print("stopped")
-    elif cmd == "status":
-        print(cluster.status())
-    else:
-        print(f"usage: {argv[0]} start|stop|status", file=sys.stderr)
-        return 2
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv))
+    sys.exit(main(sys.argv, MultiNodeCluster(SlurmCluster())))

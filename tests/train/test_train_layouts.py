@@ -46,6 +46,9 @@ def test_layout_verifies_and_learns(layouts: SweepRun, compose: Any, layout: str
     assert len(losses) == 2 + 1 + 3 and all(math.isfinite(x) for x in losses)
     assert sum(losses[-3:]) / 3 < 0.99 * losses[0]
     assert m["results"]["precision"] == "fp32"
+    steps = layouts.progress(planned_tag(compose, *FAST, f"parallelism={layout}"))
+    assert [s[:3] for s in steps] == ["1/2", "2/2"], steps
+    assert "2 steps verified at 4 layers" in steps[0] and "3 steps timed" in steps[1]
 
 
 def test_all_layouts_start_from_the_same_model(layouts: SweepRun, compose: Any) -> None:
