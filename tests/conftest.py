@@ -181,6 +181,17 @@ def expand_grid(args: list[str]) -> list[list[str]]:
 
 
 @pytest.fixture(scope="session")
+def worlds() -> Iterator[Any]:
+    """The session's persistent gloo worlds by size (``tests.parallel.world.Worlds``); torch is
+    imported only where a test asks for one."""
+    from tests.parallel.world import Worlds
+
+    pool = Worlds()
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="session")
 def main_sweep(tmp_path_factory: pytest.TempPathFactory) -> SweepRun:
     """``-m parallelism=tp2,dp2,tp4`` (collective, gloo, small sizes), run once per session."""
     root = tmp_path_factory.mktemp("main")

@@ -7,28 +7,13 @@ imported by 8 processes only once.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from .world import World
+from .world import World, Worlds
 
 WORLD_SIZE = 8
 
 
-@pytest.fixture(scope="session")
-def _world_holder() -> Iterator[dict[str, World]]:
-    holder: dict[str, World] = {}
-    yield holder
-    if "world" in holder:
-        holder["world"].close()
-
-
 @pytest.fixture()
-def world8(_world_holder: dict[str, World]) -> World:
-    w = _world_holder.get("world")
-    if w is None or w.broken:
-        if w is not None:
-            w.close()
-        w = _world_holder["world"] = World(WORLD_SIZE)
-    return w
+def world8(worlds: Worlds) -> World:
+    return worlds.get(WORLD_SIZE)

@@ -109,3 +109,23 @@ class World:
             if p.is_alive():
                 p.terminate()
                 p.join(timeout=5)
+
+
+class Worlds:
+    """Session-wide worlds by size: each started on first use, and started again when an earlier
+    test broke it (the ``worlds`` fixture of tests/conftest.py holds one for the session)."""
+
+    def __init__(self) -> None:
+        self._by_size: dict[int, World] = {}
+
+    def get(self, size: int) -> World:
+        w = self._by_size.get(size)
+        if w is None or w.broken:
+            if w is not None:
+                w.close()
+            w = self._by_size[size] = World(size)
+        return w
+
+    def close(self) -> None:
+        for w in self._by_size.values():
+            w.close()
