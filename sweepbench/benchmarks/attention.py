@@ -40,12 +40,6 @@ class AttentionConfig(BenchmarkConfig):
     seed: int = 0
 
 
-def _device_type(cfg: DictConfig) -> str:
-    from sweepbench.config.validate import GPU_BACKENDS, resolve_backend
-
-    return "cuda" if resolve_backend(cfg.backend.name) in GPU_BACKENDS else "cpu"
-
-
 @register("attention")
 class AttentionBenchmark(Benchmark):
     schema = AttentionConfig
@@ -59,6 +53,7 @@ class AttentionBenchmark(Benchmark):
     @classmethod
     def validate(cls, cfg: DictConfig) -> None:
         from sweepbench.attention.checks import check_case
+        from sweepbench.config.validate import device_type
 
         b, m, w = cfg.benchmark, cfg.model, cfg.parallelism.cp
         if b.dtype not in DTYPES:
@@ -70,7 +65,7 @@ class AttentionBenchmark(Benchmark):
                              f"not {cfg.parallelism.name}")
         check_case(impl=b.impl, pattern=b.pattern, seq_len=b.seq_len, world_size=w, num_heads=m.num_heads,
                    causal=b.causal, segment_lengths=list(b.segment_lengths), dilation_rates=list(b.dilation_rates),
-                   device_type=_device_type(cfg), sdpa_backend=b.sdpa_backend, batch_size=b.batch_size)
+                   device_type=device_type(cfg), sdpa_backend=b.sdpa_backend, batch_size=b.batch_size)
 
     @classmethod
     def headline(cls, cfg: DictConfig) -> list[Headline]:

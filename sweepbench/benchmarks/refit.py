@@ -24,7 +24,7 @@ from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline
 from sweepbench.benchmarks.layouts import as_node, degrees_of, parse_layout, world_of
 from sweepbench.benchmarks.registry import register
 from sweepbench.benchmarks.transfer import TransferConfig, check_transfer_options, time_transfer, transfer_strategy
-from sweepbench.config.validate import check_layout
+from sweepbench.config.validate import check_layout, device_type
 from sweepbench.parallel.impls import check_impl
 from sweepbench.parallel import Layout, make_plan, model_layout, model_param_specs, total_bytes
 
@@ -52,6 +52,18 @@ def _placements(cfg: DictConfig) -> tuple[dict[str, int], range, dict[str, int],
             {**infer, "dp": infer["dp"] * world // i}, range(world))
 
 
+def _layouts(cfg: DictConfig) -> tuple[Layout, Layout]:
+    """The training and inference layouts of the job's model, placed for its mode."""
+    train, train_ranks, infer, infer_ranks = _placements(cfg)
+    return model_layout(cfg.model, train_ranks, **train), model_layout(cfg.model, infer_ranks, **infer)
+
+
+def _probe_bytes(b: Any, *, gpu: bool) -> int:
+    """The link probe's message: benchmark.probe_bytes, else 1 GiB on GPU (the large-message
+    ceiling) and 4 MiB on CPU."""
+    return b.probe_bytes or (1 << 30 if gpu else 4 << 20)
+
+
 @register("refit")
 class RefitBenchmark(Benchmark):
     schema = RefitConfig
@@ -70,13 +82,12 @@ class RefitBenchmark(Benchmark):
 
     @classmethod
     def memory_bytes(cls, cfg: DictConfig, world_size: int) -> int:
-        """A rank's training and inference shards, two buckets and the link probe's buffers (the
-        naive strategy gathers the whole model on one rank)."""
-        model = total_bytes(model_param_specs(cfg.model))
-        train, _, infer, _ = _placements(cfg)
-        shards = sum(model // (d["tp"] * d["pp"]) for d in (train, infer))
-        gathered = model if cfg.benchmark.strategy == "naive" else 0
-        probe = cfg.benchmark.probe_bytes or (4 << 20)
+        """The busiest rank's training and inference shards, two buckets and the link probe's
+        buffers (the naive strategy gathers the whole model on one rank)."""
+        src, dst = _layouts(cfg)
+        shards = max(src.local_bytes(r) + dst.local_bytes(r) for r in {*src.ranks, *dst.ranks})
+        gathered = total_bytes(model_param_specs(cfg.model)) if cfg.benchmark.strategy == "naive" else 0
+        probe = _probe_bytes(cfg.benchmark, gpu=device_type(cfg) == "cuda")
         return shards + gathered + 2 * cfg.benchmark.bucket_bytes + 2 * probe
 
     @classmethod
@@ -113,9 +124,7 @@ class RefitBenchmark(Benchmark):
         check_impl(b.impl, train, infer)
 
     def layouts(self) -> tuple[Layout, Layout]:
-        train, train_ranks, infer, infer_ranks = _placements(self.ctx.cfg)
-        model = self.ctx.cfg.model
-        return model_layout(model, train_ranks, **train), model_layout(model, infer_ranks, **infer)
+        return _layouts(self.ctx.cfg)
 
     def run(self) -> BenchmarkResult:
         from sweepbench.measure import summarize
@@ -126,7 +135,7 @@ class RefitBenchmark(Benchmark):
         src, dst = self.layouts()
         strategy = transfer_strategy(ctx.backend, cfg.strategy)
         floor_plan = make_plan(src, dst, balance=cfg.balance)  # what must cross a link, strategy aside
-        probe_bytes = cfg.probe_bytes or (1 << 30 if ctx.device.type == "cuda" else 4 << 20)
+        probe_bytes = _probe_bytes(cfg, gpu=ctx.device.type == "cuda")
         link = probe_links(nbytes=probe_bytes, device=ctx.device)
         case_done(f"link probed: {link['link_gbps']:.3g} GB/s", total=2)
         run = time_transfer(src, dst, ctx=ctx, cfg=cfg, strategy=strategy, label="refit", impl=cfg.impl)

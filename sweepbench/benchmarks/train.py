@@ -78,14 +78,14 @@ class TrainBenchmark(Benchmark):
 
     @classmethod
     def validate(cls, cfg: DictConfig) -> None:
-        from sweepbench.config.validate import GPU_BACKENDS, resolve_backend
+        from sweepbench.config.validate import device_type
         from sweepbench.train.context import check_cp
         from sweepbench.train.plan import check_plan
 
         plan = check_plan(cfg)
-        device_type = "cuda" if resolve_backend(cfg.backend.name) in GPU_BACKENDS else "cpu"
-        check_cp(cfg, plan, device_type)
-        if cfg.benchmark.compile and plan.tp > 1 and device_type == "cpu":
+        device = device_type(cfg)
+        check_cp(cfg, plan, device)
+        if cfg.benchmark.compile and plan.tp > 1 and device == "cpu":
             # torch 2.13 on CPU: a DTensor redistribute's backward gets a plain tensor from a
             # compiled block ('Tensor' object has no attribute '_local_tensor')
             raise ValueError(f"benchmark.compile=true with parallelism.tp={plan.tp} fails on a CPU (torch "

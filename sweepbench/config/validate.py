@@ -70,6 +70,11 @@ def resolve_backend(name: str) -> str:
     return name
 
 
+def device_type(cfg: DictConfig) -> str:
+    """Where the job's ranks will compute: ``cuda`` for a GPU backend (after ``auto``), else ``cpu``."""
+    return "cuda" if resolve_backend(cfg.backend.name) in GPU_BACKENDS else "cpu"
+
+
 def _check_positive(cfg: DictConfig) -> None:
     groups = {
         "parallelism": ("tp", "pp", "ep", "dp", "cp"),
