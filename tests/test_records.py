@@ -155,3 +155,25 @@ def test_failed_outcome_keeps_its_error(compose) -> None:
     assert (m["status"], m["error"], m["verified"], m["results"]) == ("timeout", "job exceeded launch.timeout_s=1s",
                                                                       False, {})
     assert m["backend"] == resolve_backend("auto") and m["overrides"] == ["parallelism=tp2"] and m["wall_time_s"] == 1.5
+
+
+def test_a_killed_write_leaves_nothing_for_the_next_launch(tmp_path: Path) -> None:
+    """A rank SIGKILLed in the middle of writing its error note or rank 0's payload leaves
+    write_atomic's temporaries; the next launch in that job dir clears them with the notes."""
+    import subprocess
+    import sys
+
+    from sweepbench.launch.local import clear_leftovers
+
+    for name in (".rank1_error.json", ".rank0_payload.0123456789ab.json"):
+        killed = subprocess.run([sys.executable, "-c", (
+            "import os, signal\n"
+            "from sweepbench.record import atomic\n"
+            "atomic.os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)  # dies before the rename\n"
+            f"atomic.write_json_atomic({str(tmp_path / name)!r}, {{'rank': 1}})\n")])
+        assert killed.returncode == -9
+    (tmp_path / ".rank0_error.json").write_text("{}")  # a finished note of an earlier launch
+    (tmp_path / "metrics.json").write_text("{}")  # not a leftover
+    assert len(list(tmp_path.glob(".*.tmp"))) == 2
+    clear_leftovers(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json"]

@@ -23,7 +23,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from sweepbench.launch.rank_errors import clear_rank_errors, first_raised, has_record
-from sweepbench.record.atomic import read_json
+from sweepbench.record.atomic import read_json, temp_pattern
 
 POLL_S = 0.2
 SPEC_ENV = "SWEEPBENCH_RANK_SPEC"
@@ -46,7 +46,7 @@ def rank_python(cfg: DictConfig) -> str:
 def clear_leftovers(job_dir: Path) -> None:
     """Files a killed launch can leave: payloads, rank error notes and their temporaries."""
     clear_rank_errors(job_dir)
-    for pattern in (".rank0_payload*.json", ".rank*.json.*.tmp", ".rank0_payload*.tmp"):
+    for pattern in (".rank0_payload*.json", temp_pattern(".rank*.json")):
         for stale in job_dir.glob(pattern):
             stale.unlink(missing_ok=True)
 

@@ -17,10 +17,16 @@ def _umask() -> int:
     return mask
 
 
+def temp_pattern(name_glob: str) -> str:
+    """The glob of the temporaries :func:`write_atomic` leaves behind when killed mid-write, for
+    files whose names match ``name_glob``."""
+    return f".{name_glob}.*.tmp"
+
+
 def write_atomic(path: str | Path, data: str | bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # temp_pattern's names
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
