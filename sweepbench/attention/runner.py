@@ -181,7 +181,8 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
     reset_peaks(device)
     tot = time_iterations(timed_step, warmup=warmup, iters=iters, device=device)
     memory = memory_peaks(device)
-    case_done(f"{impl} W={world_size} timed: {summarize(tot)['median_s'] * 1e3:.3g} ms", total=steps)
+    tot_stats = summarize(tot)
+    case_done(f"{impl} W={world_size} timed: {tot_stats['median_s'] * 1e3:.3g} ms", total=steps)
     no_comm = (time_iterations(total(LocalComm()), warmup=warmup, iters=iters, device=device)
                if impl != "torch_cp" else None)
     if no_comm is not None:
@@ -195,7 +196,7 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
 def _report(v: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
     """The case dict (metrics.json) and the summary (results.csv, wandb) of ``run_case``'s locals."""
     w, shape, device = v["world_size"], v["shape"], v["device"]
-    stats = {"fwd": summarize(v["fwd"]), "total": summarize(v["tot"])}
+    stats = {"fwd": summarize(v["fwd"]), "total": v["tot_stats"]}
     if v["backward"]:
         stats["bwd"] = summarize(v["bwd"])
     t = stats["total"]["median_s"]

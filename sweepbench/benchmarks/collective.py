@@ -130,7 +130,6 @@ class CollectiveBenchmark(Benchmark):
     def run(self) -> BenchmarkResult:
         from sweepbench.measure.collectives import OPS
         from sweepbench.measure.progress import case_done
-        from sweepbench.report.units import format_bytes
 
         ops = [op for op in self.cfg.ops if self.ctx.world_size >= OPS[op].min_ranks]
         grid = [(op, size) for op in ops for size in message_sizes(self.cfg)]

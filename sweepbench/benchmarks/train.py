@@ -8,9 +8,7 @@ peak (on a CPU, over the matmul ceiling the job measures, since no CPU peak is t
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
@@ -56,18 +54,6 @@ def _gib(x: Any) -> float | None:
 def _max(per_rank: list[dict[str, Any]], key: str) -> Any:
     values = [m[key] for m in per_rank if m.get(key) is not None]
     return max(values) if values else None
-
-
-def job_dir_of(ctx: Any) -> Path:
-    """The job directory: the context's, else the one this rank's log is in (both launchers send
-    a rank's stdout to <job>/logs/rank<N>.log), else the working directory."""
-    if getattr(ctx, "job_dir", None):
-        return Path(ctx.job_dir)
-    try:
-        log = Path(os.readlink("/proc/self/fd/1"))
-    except OSError:
-        return Path.cwd()
-    return log.parent.parent if log.parent.name == "logs" and log.name.startswith("rank") else Path.cwd()
 
 
 @register("train")
@@ -123,7 +109,7 @@ class TrainBenchmark(Benchmark):
         from sweepbench.train.run import run_training
 
         ctx = self.ctx
-        r = run_training(ctx.cfg, rank=ctx.rank, device=ctx.device, job_dir=job_dir_of(ctx))
+        r = run_training(ctx.cfg, rank=ctx.rank, device=ctx.device, job_dir=ctx.job_dir)
         per_rank: list[Any] = [None] * ctx.world_size
         dist.all_gather_object(per_rank, r["memory"])
         stats, plan = r["stats"], r["plan"]

@@ -106,10 +106,10 @@ def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | N
     times = time_iterations(step, warmup=int(b.warmup), iters=int(b.iters), device=device,
                             after=lambda: mem_per_step.append(current_bytes(device) / GIB))
     nvml.pause()
-    case_done(f"{int(b.iters)} steps timed: median {summarize(times)['median_s']:.3g} s", total=2)
+    stats = summarize(times)
+    case_done(f"{int(b.iters)} steps timed: median {stats['median_s']:.3g} s", total=2)
     losses += global_losses(local, holds_loss=trainer.holds_loss)
     first_loss, last_loss = check_learning(losses)
-    stats = summarize(times)
     memory = {**torch_memory(device), "nvml_peak_bytes": nvml.peak_above_start(),
               "nvml_start_bytes": nvml.start_level, "host_peak_rss_bytes": host_peak_rss()}
 
