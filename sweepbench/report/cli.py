@@ -83,8 +83,7 @@ def _compare(args: argparse.Namespace) -> int:
             ratio = f"{row['ratio']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}] p={row['p_value']:.2g}" \
                 if row.get("ratio") is not None else row.get("note", "")
             print(f"{row['verdict']:>12}  {row['candidate_tag']}  {row['case']}  {ratio}")
-    counts = ", ".join(f"{v}: {comparison.count(v)}" for v in
-                       ("slower", "faster", "~", "unstable", "unchanged", "failed", "not compared") if comparison.count(v))
+    counts = ", ".join(f"{v}: {n}" for v, n in comparison.counts())
     print(f"sweepbench compare: {len(comparison.rows)} cases ({counts or 'none'}); "
           f"{len(comparison.unmatched)} jobs without a twin\n  {csv_path}\n  {html_path}")
     if args.fail_on_regression and comparison.regressions:

@@ -22,6 +22,8 @@ from sweepbench.report.plotting import config_value, figure_svg, heatmap
 from sweepbench.report.stats import Thresholds, compare_samples
 
 # what a job's config holds that does not change what is measured
+# every verdict a row can have, in the order counts are shown: stats' five, then the job-level two
+VERDICTS = ("slower", "faster", "~", "unstable", "unchanged", "failed", "not compared")
 NOT_MEASUREMENT = frozenset({"hydra", "wandb", "launch", "sweep", "fault"})
 CSV_COLUMNS = ("benchmark", "baseline_tag", "candidate_tag", "case", "verdict", "ratio", "ci_low", "ci_high",
                "p_value", "threshold", "baseline_noise", "baseline_median_s", "candidate_median_s", "baseline_cv", "candidate_cv",
@@ -71,6 +73,10 @@ class Comparison:
 
     def count(self, verdict: str) -> int:
         return sum(1 for r in self.rows if r["verdict"] == verdict)
+
+    def counts(self) -> list[tuple[str, int]]:
+        """(verdict, number of rows) for the verdicts that occur, in ``VERDICTS`` order."""
+        return [(v, self.count(v)) for v in VERDICTS if self.count(v)]
 
     @property
     def regressions(self) -> list[dict[str, Any]]:
@@ -152,9 +158,10 @@ def _figures(comparison: Comparison) -> list[Any]:
 
 def _fmt_cell(key: str, value: Any) -> Any:
     from sweepbench.report.page import Cell, fmt
+    from sweepbench.report.template import verdict_class
 
     if key == "verdict":
-        return Cell(str(value), "tilde" if value == "~" else str(value).replace(" ", "-"))
+        return Cell(str(value), verdict_class(str(value)))
     if key in ("ci_low", "ci_high", "ratio", "threshold") and isinstance(value, float):
         return Cell(f"{value:.3f}", "num")
     if key == "p_value" and isinstance(value, float):
@@ -169,8 +176,7 @@ def render_comparison(comparison: Comparison, baseline: Sweep, candidate: Sweep,
              "threshold", "baseline_median_s", "candidate_median_s", "baseline_cv", "candidate_cv",
              "unstable", "note")
     rows = [[_fmt_cell(k, r.get(k)) for k in shown] for r in comparison.rows]
-    counts = [(v, comparison.count(v)) for v in ("slower", "faster", "~", "unstable", "unchanged", "failed",
-                                                  "not compared") if comparison.count(v)]
+    counts = comparison.counts()
     t = thresholds
     rule = (f"slower/faster: ratio of medians beyond 1 + max({t.min_change:g}, {t.noise_factor:g} x the baseline's noise, "
             f"IQR/(1.349 median)) "

@@ -16,10 +16,9 @@ from typing import Any
 
 import yaml
 
+from sweepbench.record import ENV_FILE, METRICS_FILE
 from sweepbench.record.atomic import read_json, write_json_atomic
 
-METRICS_FILE = "metrics.json"  # as sweepbench.record.recorder writes them (not imported: it pulls torch)
-ENV_FILE = "env.json"
 JOBS_FILE_FORMAT = "sweepbench-jobs/1"
 
 

@@ -24,9 +24,6 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 import numpy as np
-from scipy.stats import mannwhitneyu
-
-VERDICTS = ("slower", "faster", "~", "unstable", "unchanged")
 
 
 @dataclass(frozen=True)
@@ -104,6 +101,7 @@ class Verdict:
 
 def compare_samples(base: Sequence[float], cand: Sequence[float], th: Thresholds = Thresholds()) -> Verdict:
     """The verdict on ``cand`` against ``base`` (per-iteration seconds, lower is better)."""
+    from scipy.stats import mannwhitneyu  # here: `report` and `--help` need the thresholds, not scipy
     if len(base) < 2 or len(cand) < 2:
         raise ValueError(f"need at least 2 iterations per side, got {len(base)} and {len(cand)}")
     base, cand = [float(x) for x in base], [float(x) for x in cand]

@@ -90,7 +90,8 @@ _COMPARE = """{% extends "base.html" %}{% from "macros.html" import figure, tabl
 
 
 def verdict_class(verdict: str) -> str:
-    return "tilde" if verdict == "~" else verdict
+    """The CSS class of a verdict: ``~`` -> ``tilde``, ``not compared`` -> ``not-compared``."""
+    return "tilde" if verdict == "~" else verdict.replace(" ", "-")
 
 
 def _env() -> jinja2.Environment:
