@@ -26,7 +26,8 @@ from sweepbench.launch.slurm_request import SlurmRequest, executor_init, executo
 from sweepbench.launch.slurm_watch import WATCHERS, Tracked, died_how, stderr_tail, wait_all
 from sweepbench.record.atomic import read_json, write_json_atomic
 from sweepbench.record.env import capture_env
-from sweepbench.record.recorder import ENV_FILE, METRICS_FILE, record_job
+from sweepbench.record import ENV_FILE, METRICS_FILE
+from sweepbench.record.recorder import record_job
 from sweepbench.sweep.tags import make_tag
 
 LABELS = {"slurm": "slurm", "local": "submitit-local"}

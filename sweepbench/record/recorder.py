@@ -10,14 +10,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from sweepbench.config.validate import resolve_backend
 from sweepbench.launch.local import JobOutcome
+from sweepbench.record import ENV_FILE, METRICS_FILE
 from sweepbench.record.atomic import write_json_atomic
 from sweepbench.record.env import capture_env, redact_config
 from sweepbench.record.wandb_run import start_run
 
 log = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.json"
-ENV_FILE = "env.json"
 
 
 def _max_memory(per_rank: list[dict[str, Any] | None]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from sweepbench.record.atomic import read_json, write_atomic
-from sweepbench.sweep.resume import METRICS_FILE
+from sweepbench.record import METRICS_FILE
 
 CONFIG_COLUMNS = {
     "benchmark": ("benchmark", "name"), "model": ("model", "name"),
@@ -69,10 +69,10 @@ def _earlier_jobs(sweep_dir: Path, known: set[str]) -> list[dict[str, Any]]:
 
 
 def aggregate_sweep(sweep_dir: Path, jobs: Iterable[Any], *, resumed: set[str],
-                    crashed: dict[str, str], ran: set[str] | None = None) -> pd.DataFrame:
-    """Write ``results.csv`` and ``results.parquet`` (atomically) and return the table."""
+                    crashed: dict[str, str]) -> pd.DataFrame:
+    """Write ``results.csv`` and ``results.parquet`` (atomically) and return the table. ``this_run``
+    marks the jobs this invocation ran: those of ``jobs`` not ``resumed``."""
     jobs = list(jobs)
-    ran = {j.tag for j in jobs if j.tag not in resumed} if ran is None else ran
     rows = []
     for job in jobs:
         metrics = read_json(sweep_dir / job.tag / METRICS_FILE)
@@ -81,7 +81,7 @@ def aggregate_sweep(sweep_dir: Path, jobs: Iterable[Any], *, resumed: set[str],
         else:
             row = job_row(metrics)
         row["resumed"] = job.tag in resumed
-        row["this_run"] = job.tag in ran
+        row["this_run"] = job.tag not in resumed
         rows.append(row)
     rows += _earlier_jobs(sweep_dir, {j.tag for j in jobs})
     table = pd.DataFrame(rows)

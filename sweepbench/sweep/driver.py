@@ -132,7 +132,7 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
         restore()
         status.end()
     crashed = {j.tag: _crash_message(r) for j, r in zip(todo, returns) if r.status == JobStatus.FAILED}
-    table = aggregate_sweep(sweep_dir, jobs, resumed=resumed, crashed=crashed, ran={j.tag for j in todo})
+    table = aggregate_sweep(sweep_dir, jobs, resumed=resumed, crashed=crashed)
     print_summary(table, sweep_dir=sweep_dir)
     try:  # the HTML report (sweepbench.report): a failure to write it never fails the sweep
         from sweepbench.report import write_sweep_report

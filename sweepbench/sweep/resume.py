@@ -13,11 +13,11 @@ from typing import Any, Iterable
 
 from omegaconf import OmegaConf
 
+from sweepbench.record import METRICS_FILE
 from sweepbench.record.atomic import read_json
 from sweepbench.record.env import redact_config
 from sweepbench.sweep.tags import hash_of, tagged_container
 
-METRICS_FILE = "metrics.json"
 PREVIOUS_METRICS_FILE = "metrics.previous.json"
 
 
