@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import collective, ipc, naive, p2p, symm  # noqa: F401  (register the strategies)
 from .comm import STRATEGIES, Executor, Shards
 from .layout import Layout
 from .plan import Plan, make_plan

@@ -52,10 +52,11 @@ def check_cp(cfg: Any, plan: TrainPlan, device_type: str) -> None:
     from sweepbench.attention.registry import IMPLS, why_not
 
     impl = str(cfg.benchmark.cp_impl)
-    if impl not in IMPLS or impl == "torch_cp":
-        usable = ", ".join(name for name in IMPLS if name != "torch_cp")
+    if impl not in IMPLS or IMPLS[impl].context:
+        usable = ", ".join(name for name, spec in IMPLS.items() if not spec.context)
+        needs = ", ".join(name for name, spec in IMPLS.items() if spec.context)
         raise ValueError(f"benchmark.cp_impl={impl!r} cannot train here; valid: {usable} "
-                         f"(torch_cp needs a context around forward and backward the train engine does not open)")
+                         f"({needs} needs a context around forward and backward the train engine does not open)")
     reason = why_not(impl, device_type=device_type, world_size=plan.cp,
                      num_heads=int(cfg.model.num_heads) // plan.tp, pattern="dense", causal=True)
     if reason:
