@@ -41,8 +41,6 @@ class _Works:
 class Comm:
     """Real communication over ``group`` (None: the default group)."""
 
-    real = True
-
     def __init__(self, group: dist.ProcessGroup | None = None) -> None:
         self.group = group
         on = dist.is_available() and dist.is_initialized()
@@ -98,8 +96,6 @@ class Comm:
 
 class LocalComm(Comm):
     """The same calls with no bytes crossing ranks (for the exposed-communication measure)."""
-
-    real = False
 
     def ring_exchange(self, send: torch.Tensor, recv: torch.Tensor) -> Pending:
         recv.copy_(send)

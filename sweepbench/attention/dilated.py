@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from sweepbench.attention.comm import Comm, gather_sequence, reduce_scatter_sequence
-from sweepbench.attention.ops import (Block, SdpaBackend, attend, attend_backward, full_blocks, merge_,
+from sweepbench.attention.ops import (Block, SdpaBackend, attend, attend_backward, expand_kv, full_blocks, merge_,
                                       new_accumulators, stash, unstash)
 from sweepbench.attention.placement import Span, spans
 
@@ -156,8 +156,6 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, comm
                       scale: float, backend: SdpaBackend, placement: str, seq_len: int,
                       branches: tuple[Branch, ...], head_base: int = 0) -> torch.Tensor:
     """Dilated attention of the local queries (autograd-aware); kv heads expanded to the q heads."""
-    g = q.shape[1] // k.shape[1]
-    if g > 1:
-        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])
     opt = DilatedOptions(branches, causal, scale, backend, comm, placement, seq_len, head_base)
     return DilatedAttention.apply(q, k, v, opt)

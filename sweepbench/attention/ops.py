@@ -123,7 +123,8 @@ class Block:
     causal: bool
 
 
-def _expand(x: torch.Tensor, heads: int) -> torch.Tensor:
+def expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """K or V with its kv heads repeated to ``heads`` query heads (GQA); itself without GQA."""
     g = heads // x.shape[1]
     return x if g == 1 else x.repeat_interleave(g, dim=1)
 
@@ -150,8 +151,8 @@ def attend(backend: SdpaBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     aux: Aux = ()
     heads = q.shape[1]
     for b in blocks:
-        o, l, aux = backend.forward(q[:, :, b.q].contiguous(), _expand(k[:, :, b.k], heads).contiguous(),
-                                    _expand(v[:, :, b.k], heads).contiguous(), b.causal, scale)
+        o, l, aux = backend.forward(q[:, :, b.q].contiguous(), expand_kv(k[:, :, b.k], heads).contiguous(),
+                                    expand_kv(v[:, :, b.k], heads).contiguous(), b.causal, scale)
         if fresh:
             out[:, :, b.q].copy_(o)
             lse[:, :, b.q].copy_(l)
@@ -168,7 +169,7 @@ def attend_backward(backend: SdpaBackend, dout: torch.Tensor, q: torch.Tensor, k
     for b in blocks:
         gq, gk, gv = backend.backward(
             dout[:, :, b.q].contiguous(), q[:, :, b.q].contiguous(),
-            _expand(k[:, :, b.k], heads).contiguous(), _expand(v[:, :, b.k], heads).contiguous(),
+            expand_kv(k[:, :, b.k], heads).contiguous(), expand_kv(v[:, :, b.k], heads).contiguous(),
             out[:, :, b.q].contiguous(), lse[:, :, b.q].contiguous(), aux, b.causal, scale)
         dq[:, :, b.q] += gq
         dk[:, :, b.k] += _reduce(gk, kv_heads)

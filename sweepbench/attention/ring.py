@@ -98,7 +98,6 @@ class RingAttention(torch.autograd.Function):
         bufs = [torch.stack([k, v]), torch.empty((2, *k.shape), dtype=k.dtype, device=k.device)]
         dkv_bufs = [torch.empty((2, *k.shape), dtype=torch.float32, device=k.device) for _ in range(2)]
         dkv_pending: Pending | None = None
-        dkv = dkv_bufs[0]
         for s in range(w):
             cur, nxt = bufs[s % 2], bufs[(s + 1) % 2]
             kv_pending = _exchange(comm, cur, nxt, now=False) if s < w - 1 and opt.overlap else None

@@ -125,19 +125,18 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
     def context() -> Any:
         return cp_context(impl, comm=comm, seq_len=seq_len, device=device, rotate_method=rotate_method)
 
-    def total(c: Comm) -> Callable[[], None]:
-        def run() -> None:
+    def total(c: Comm) -> Callable[[], torch.Tensor]:
+        def run() -> torch.Tensor:  # forward and backward; the output (verification reads it)
             _clear(leaves)
             with context():
                 out = forward(c)
                 if backward:
                     out.backward(ldout)
+            return out
         return run
 
-    # verify once, before any time counts
-    total(comm)()
-    with context():
-        out = forward(comm).detach()
+    # verify once, before any time counts: the output and gradients of one forward and backward
+    out = total(comm)().detach()
     got = [out, *(x.grad for x in leaves)] if backward else [out]
     gathered = [unshard_sequence(list(comm.all_gather(x)), dim=2, world_size=world_size, placement=spec.placement)
                 for x in got]

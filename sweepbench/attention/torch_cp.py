@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from sweepbench.attention.comm import Comm
+from sweepbench.attention.ops import expand_kv
 from sweepbench.attention.placement import positions
 
 SDPA_KERNELS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
@@ -42,8 +43,6 @@ def torch_cp_context(comm: Comm, *, seq_len: int, device: torch.device, rotate_m
 def torch_cp_attention(q, k, v, **kw: Any) -> torch.Tensor:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    g = q.shape[1] // k.shape[1]
-    if g > 1:
-        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])
     with sdpa_kernel(getattr(SDPBackend, SDPA_KERNELS[kw["backend"].name])):
         return F.scaled_dot_product_attention(q, k, v, is_causal=kw["causal"], scale=kw["scale"])

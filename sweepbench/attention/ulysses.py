@@ -10,33 +10,25 @@ from __future__ import annotations
 import torch
 
 from sweepbench.attention.comm import Comm
+from sweepbench.attention.ops import expand_kv
 
 
-class _SeqToHeads(torch.autograd.Function):
-    """(B, H, l, D) on each rank, chunk r of the sequence -> (B, H/W, W*l, D), heads of rank r."""
-
-    @staticmethod
-    def forward(ctx, x, comm: Comm):  # type: ignore[override]
-        ctx.comm = comm
-        return seq_to_heads(x, comm)
+class _Relayout(torch.autograd.Function):
+    """``there(x, comm)`` forward, its inverse ``back`` on the gradient: seq_to_heads and
+    heads_to_seq are each other's backward."""
 
     @staticmethod
-    def backward(ctx, g):  # type: ignore[override]
-        return heads_to_seq(g, ctx.comm), None
-
-
-class _HeadsToSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, comm: Comm):  # type: ignore[override]
-        ctx.comm = comm
-        return heads_to_seq(x, comm)
+    def forward(ctx, x, comm: Comm, there, back):  # type: ignore[override]
+        ctx.comm, ctx.back = comm, back
+        return there(x, comm)
 
     @staticmethod
     def backward(ctx, g):  # type: ignore[override]
-        return seq_to_heads(g, ctx.comm), None
+        return ctx.back(g, ctx.comm), None, None, None
 
 
 def seq_to_heads(x: torch.Tensor, comm: Comm) -> torch.Tensor:
+    """(B, H, l, D) on each rank, chunk r of the sequence -> (B, H/W, W*l, D), heads of rank r."""
     b, h, l, d = x.shape
     w = comm.size
     parts = x.reshape(b, w, h // w, l, d).transpose(0, 1)  # entry j: the heads rank j will hold
@@ -45,6 +37,7 @@ def seq_to_heads(x: torch.Tensor, comm: Comm) -> torch.Tensor:
 
 
 def heads_to_seq(x: torch.Tensor, comm: Comm) -> torch.Tensor:
+    """The inverse of :func:`seq_to_heads`."""
     b, hw, seq, d = x.shape
     w = comm.size
     parts = x.reshape(b, hw, w, seq // w, d).permute(2, 0, 1, 3, 4)  # entry j: sequence chunk j
@@ -56,10 +49,9 @@ def to_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              comm: Comm) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k, v of a sequence chunk -> the whole sequence for this rank's heads (autograd-aware)."""
     if k.shape[1] % comm.size:
-        g = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-    return tuple(_SeqToHeads.apply(x, comm) for x in (q, k, v))  # type: ignore[return-value]
+        k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])
+    return tuple(_Relayout.apply(x, comm, seq_to_heads, heads_to_seq) for x in (q, k, v))  # type: ignore[return-value]
 
 
 def to_sequence(out: torch.Tensor, comm: Comm) -> torch.Tensor:
-    return _HeadsToSeq.apply(out, comm)
+    return _Relayout.apply(out, comm, heads_to_seq, seq_to_heads)
