@@ -13,7 +13,7 @@ from sweepbench.launch.local import JobOutcome
 from sweepbench.record import ENV_FILE, METRICS_FILE
 from sweepbench.record.atomic import write_json_atomic
 from sweepbench.record.env import capture_env, redact_config
-from sweepbench.record.wandb_run import start_run
+from sweepbench.record.wandb_run import group_name, start_run
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +70,12 @@ def record_job(cfg: DictConfig, outcome: JobOutcome, *, job_dir: Path, tag: str,
     if env is None:  # rank 0's capture (the ranks' interpreter and packages), else this process's
         env = outcome.payload.get("env") or {**capture_env(), "captured_by": "driver (no rank reported)"}
     write_json_atomic(job_dir / ENV_FILE, env)
-    run = start_run(cfg, job_dir=job_dir, tag=tag, group=group, config=metrics["config"])
+    run_group = group_name(group)  # recorded: a report finds the runs by it, wherever it is run from
+    run = start_run(cfg, job_dir=job_dir, tag=tag, group=run_group, config=metrics["config"])
     run.log_cases(metrics["results"].get("cases", []))
     run.log_summary(wandb_summary(metrics))
     run.finish(failed=metrics["status"] != "ok")
-    metrics["wandb"] = {"dir": run.dir, "error": run.error}
+    metrics["wandb"] = {"dir": run.dir, "error": run.error, "group": run_group}
     # metrics.json last: its presence with status ok is what resume trusts
     write_json_atomic(job_dir / METRICS_FILE, metrics)
     log.info("job %s: %s%s", tag, metrics["status"], f" ({metrics['error']})" if metrics["error"] else "")

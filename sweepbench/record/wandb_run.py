@@ -214,7 +214,7 @@ def remove_previous_runs(job_dir: Path) -> None:
 
 def start_run(cfg: DictConfig, *, job_dir: Path, tag: str, group: str, config: dict[str, Any]) -> NullRun:
     """A wandb run named ``tag`` in the sweep's group; WANDB_MODE in the environment wins over
-    wandb.mode. ``group`` is the sweep directory (or ``run``), made unique by ``group_name``."""
+    wandb.mode. ``group`` is the run group, as ``group_name`` makes it from the sweep directory."""
     mode = os.environ.get("WANDB_MODE", cfg.wandb.mode)
     if mode == "disabled":
         return NullRun()
@@ -236,11 +236,11 @@ def start_run(cfg: DictConfig, *, job_dir: Path, tag: str, group: str, config: d
 
 def _init(wandb: Any, cfg: DictConfig, *, job_dir: Path, tag: str, group: str, config: dict[str, Any],
           mode: str) -> Any:
-    """The run: the group made unique, job_type = the benchmark, option tags, redacted config."""
+    """The run: the sweep's group, job_type = the benchmark, option tags, redacted config."""
     return wandb.init(
         project=cfg.wandb.project,
         entity=cfg.wandb.entity,
-        group=group_name(group),
+        group=group,
         name=tag,
         job_type=cfg.benchmark.name,
         tags=run_tags(cfg),

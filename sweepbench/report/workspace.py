@@ -35,7 +35,11 @@ def _import_workspaces() -> tuple[Any, Any]:
 
 
 def sweep_group(sweep: Sweep) -> str:
-    """The wandb group the sweep's runs were logged to (see ``wandb_run.group_name``)."""
+    """The wandb group the sweep's runs were logged to, as their metrics.json recorded it (else, for
+    sweeps recorded before it was, made again from the path and host as ``wandb_run.group_name`` did)."""
+    recorded = [g for j in sweep.jobs if (g := (j.get("wandb") or {}).get("group"))]
+    if recorded:
+        return recorded[0]
     env = sweep.env()
     machine = (env.get("environment") or {}).get("SLURM_CLUSTER_NAME") or env.get("host")
     return group_name(sweep.path, machine=machine)

@@ -157,11 +157,14 @@ def test_wandb_name_limits_at_compose_time(compose, overrides: list[str], messag
         validate(compose("parallelism=tp1", *overrides))
 
 
-def test_workspace_spec_offline(report_sweeps: dict[str, SweepRun]) -> None:
+def test_workspace_spec_offline(report_sweeps: dict[str, SweepRun], tmp_path: Path) -> None:
     from sweepbench.report.workspace import build_workspace, run_id, sweep_group
 
-    sweep = load_sweep(report_sweeps["collective"].sweep_dir)
+    link = tmp_path / "the-sweep"  # the report reached through another path: the group is the runs' own
+    link.symlink_to(report_sweeps["collective"].sweep_dir)
+    sweep = load_sweep(link)
     ok = next(j for j in sweep.jobs if j["status"] == "ok")
+    assert sweep_group(sweep) == run_record(records(ok["wandb"]["dir"]))["run_group"]
     view = build_workspace(sweep, entity="me", project="sweepbench", baseline=ok["tag"])
     spec = json.loads(view._to_model().model_dump_json(by_alias=True))  # what .save() would send
     rs = view.runset_settings
