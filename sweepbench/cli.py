@@ -93,6 +93,6 @@ def main() -> None:
     except HydraException as err:
         if not _raise_compose_errors:
             raise
-        from sweepbench.sweep.driver import exit_bad_input, error_line
+        from sweepbench.sweep.errors import error_line, exit_bad_input
 
         exit_bad_input(error_line(err))

@@ -107,7 +107,7 @@ def plan_job(launcher: Any, overrides: Sequence[str], num: int) -> JobSpec:
 
 def plan_all(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobSpec]:
     """Every job's request, before anything is submitted; a bad one: one line, exit 2."""
-    from sweepbench.sweep.driver import exit_bad_input, error_line
+    from sweepbench.sweep.errors import error_line, exit_bad_input
 
     specs = []
     for i, overrides in enumerate(job_overrides):

@@ -10,7 +10,7 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from hydra._internal.core_plugins.basic_launcher import BasicLauncher
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from sweepbench.config.validate import check_local_fit, validate
 from sweepbench.record.atomic import write_atomic
 from sweepbench.sweep import interrupt, resume, status
-from sweepbench.sweep.errors import error_line
+from sweepbench.sweep.errors import error_line, exit_bad_input
 from sweepbench.sweep.report import print_plan
 from sweepbench.sweep.sweepdir import SweepLock, check_writable
 from sweepbench.sweep.tags import make_tag
@@ -39,13 +39,6 @@ class PlannedJob:
     def launch_overrides(self) -> list[str]:
         return [*self.overrides, f"hydra.sweep.subdir='{self.tag}'"]  # quoted: a tag may hold '='
 
-
-
-def exit_bad_input(message: str) -> NoReturn:
-    """Bad input: one line on stderr, exit 2."""
-    line = " ".join(part.strip() for part in message.splitlines() if part.strip())
-    print(f"sweepbench: error: {line}", file=sys.stderr)
-    sys.exit(2)
 
 
 def runs_locally(sweeper: Any) -> bool:

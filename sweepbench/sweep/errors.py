@@ -7,11 +7,20 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import sys
+from typing import NoReturn
 
 _SEARCH_PATH = re.compile(r"\s*Config search path:.*$", re.S)
 _MISSING_OPTION = re.compile(r"Could not find '(?P<group>[^']+)/(?P<option>[^']+)'\s*Available options in '[^']+':\s*(?P<opts>.*)$",
                              re.S)
 _BAD_KEY = re.compile(r"Could not override '(?P<key>[^']+)'\..*?Key '(?P<leaf>[^']+)' not in '(?P<node>[^']+)'", re.S)
+
+
+def exit_bad_input(message: str) -> NoReturn:
+    """Bad input: one line on stderr, exit 2."""
+    line = " ".join(part.strip() for part in message.splitlines() if part.strip())
+    print(f"sweepbench: error: {line}", file=sys.stderr)
+    sys.exit(2)
 
 
 def _close(word: str, choices: list[str]) -> str | None:
