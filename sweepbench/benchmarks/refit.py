@@ -155,7 +155,7 @@ class RefitBenchmark(Benchmark):
             "wire_busiest_rank_bytes": max(max(s, r) for s, r in run.traffic),
             "effective_gbps": busiest / stats["median_s"] / 1e9, **link,
             "link_floor_s": floor_s, "fraction_of_link": floor_s / stats["median_s"],
-            "plan_digest": run.plan.digest if run.plan else None,
+            "plan_digest": run.plan_digest,
         }
         summary = {k: case[k] for k in ("median_s", "iqr_s", "min_s", "max_s", "model_bytes", "moved_bytes",
                                          "local_bytes", "effective_gbps", "link_floor_s", "fraction_of_link")}

@@ -77,6 +77,7 @@ def transfer_strategy(backend: str, strategy: str) -> str:
 @dataclass
 class TimedTransfer:
     plan: Plan | None  # ours (None for a peer implementation, which plans by itself)
+    plan_digest: str  # the implementation's plan, identified (the same on every rank)
     method: str  # what moved the bytes (strategy, or a peer's copy service)
     options: dict[str, Any]
     times_s: list[float]
@@ -110,5 +111,5 @@ def time_transfer(src: Layout, dst: Layout, *, ctx: RankContext, cfg: Any, strat
                             before=transfer.poison, after=verify)
     everyone: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(everyone, (*transfer.traffic(), checks["n"] == cfg.warmup + cfg.iters))
-    return TimedTransfer(getattr(transfer, "plan", None), transfer.method, options, times,
+    return TimedTransfer(getattr(transfer, "plan", None), transfer.plan_digest, transfer.method, options, times,
                          [(s, r) for s, r, _ in everyone], all(ok for *_, ok in everyone))
