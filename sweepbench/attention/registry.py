@@ -25,6 +25,7 @@ class ImplSpec:
     causal_only: bool = False
     heads_divisible: bool = False  # heads must divide by the ring size (all-to-all over heads)
     context: str = ""  # "module:function": a context that must cover forward and backward
+    own_comm: bool = True  # communicates through sweepbench's Comm (so LocalComm times it without communication)
 
     def load(self) -> Callable[..., Any]:
         return _load(self.entry)
@@ -59,7 +60,7 @@ register_impl(ImplSpec("ulysses", "contiguous", f"{_E}:ulysses", "all-to-all ove
 register_impl(ImplSpec("torch_cp", "zigzag", "sweepbench.attention.torch_cp:torch_cp_attention",
                        "torch.distributed.tensor.experimental.context_parallel (head-tail load balancer)",
                        device_types=("cuda",), patterns=("dense",), causal_only=True,
-                       context="sweepbench.attention.torch_cp:torch_cp_context"))
+                       context="sweepbench.attention.torch_cp:torch_cp_context", own_comm=False))
 
 
 def get_impl(name: str) -> ImplSpec:

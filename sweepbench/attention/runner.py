@@ -111,9 +111,9 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
                                               pattern=pattern, branches=branches, iters=t1_iters)
     t1_backend = min(t1_stats, key=lambda n: t1_stats[n]["median_s"])
     backend = t1_backend if sdpa_backend == "auto" else sdpa_backend
-    steps = 3 + (impl != "torch_cp")  # T1, verified, timed, and the same without communication
-    case_done(f"T1 (one device, {t1_backend}): {t1_stats[t1_backend]['median_s'] * 1e3:.3g} ms", total=steps)
     spec = get_impl(impl)
+    steps = 3 + spec.own_comm  # T1, verified, timed, and the same without communication
+    case_done(f"T1 (one device, {t1_backend}): {t1_stats[t1_backend]['median_s'] * 1e3:.3g} ms", total=steps)
     mine = [shard_sequence(x, dim=2, rank=rank, world_size=world_size, placement=spec.placement) for x in inputs]
     leaves, ldout = _leaves(*mine[:3]), mine[3]
     comm = Comm()
@@ -183,7 +183,7 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
     tot_stats = summarize(tot)
     case_done(f"{impl} W={world_size} timed: {tot_stats['median_s'] * 1e3:.3g} ms", total=steps)
     no_comm = (time_iterations(total(LocalComm()), warmup=warmup, iters=iters, device=device)
-               if impl != "torch_cp" else None)
+               if spec.own_comm else None)
     if no_comm is not None:
         case_done(f"{impl} W={world_size} timed without communication", total=steps)
     own_median = summarize(own[-iters:])["median_s"]
@@ -216,7 +216,7 @@ def _report(v: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
         "dilation_rates": v["dilation_rates"] if v["pattern"] == "dilated" else None,
         "sdpa_backend": v["backend"], "placement": v["spec"].placement, "schedule": v["spec"].summary,
         "rotation_dtype": v["dtype"], "accumulation_dtype": "float32",
-        "rotate_method": v["rotate_method"] if v["impl"] == "torch_cp" else None,
+        "rotate_method": v["rotate_method"] if v["spec"].context else None,  # an option of the impl's context
         "times_s": v["tot"], **stats["total"], **{f"{k}_{s}": x for k, st in stats.items() for s, x in st.items()},
         "per_rank": v["per_rank"], "t1_backend": v["t1_backend"], "t1_s": t1,
         "t1_backends": {n: s["median_s"] for n, s in v["t1_stats"].items()},
