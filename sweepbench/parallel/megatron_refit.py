@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from .boxes import Box, box_slices
+from .comm import subgroup
 from .impls import IMPLS, missing
 from .layout import Layout
 from .materialize import bit_equal, fill_box
@@ -59,10 +60,11 @@ def _enumerate(layout: Layout, axes: tuple[str, ...]) -> list[list[int]]:
 
 
 def _new_groups(enum: list[list[int]], rank: int) -> Any:
-    """Collective (every rank, same order): a group per entry; the one holding ``rank``, or None."""
+    """Collective (every rank, same order): a group per entry, shared with every other user of the
+    same rank set (``comm.subgroup``); the one holding ``rank``, or None."""
     mine = None
     for ranks in enum:
-        g = dist.new_group(ranks)
+        g = subgroup(ranks)
         mine = g if rank in ranks else mine
     return mine
 
