@@ -80,6 +80,11 @@ def _flash_bwd(dout, q, k, v, out, lse, aux, causal, scale):
         seed, offset, scale=scale)
 
 
+def _rows_major(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, L, D) with (B, L, H, D) memory, the layout the efficient forward returns its output in."""
+    return x.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def _efficient_fwd(q, k, v, causal, scale):
     out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal,
                                                                           scale=scale)
@@ -88,6 +93,10 @@ def _efficient_fwd(q, k, v, causal, scale):
 
 def _efficient_bwd(dout, q, k, v, out, lse, aux, causal, scale):
     seed, offset = aux
+    # the kernel reads out and dout as (B, L, H, D) rows, as its forward lays out its output: given
+    # (B, H, L, D) memory it computed wrong dq/dk and, at some shapes, read past the end of out (the
+    # seed's dilated grid at 16K: an illegal memory access; see docs/results/sdpa_backends_h200)
+    out, dout = _rows_major(out), _rows_major(dout)
     pad = -q.shape[2] % 32
     lse = torch.nn.functional.pad(lse, (0, pad)).contiguous()
     dq, dk, dv, _ = aten._scaled_dot_product_efficient_attention_backward(
