@@ -4,6 +4,7 @@ refused through the real CLI (one line, exit 2, before any rank starts)."""
 
 from __future__ import annotations
 
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,12 @@ from sweepbench.measure.nccl_tests import BINARIES, Row, cases_from_rows, comman
 
 from .conftest import COLLECTIVE, run_sweepbench
 
-DATA = Path(__file__).parent / "data" / "nccl_tests"
+DATA = Path(__file__).parent / "data" / "nccl_tests"  # captured on an H200 (see README there)
+# nccl-tests' busbw factors (doc/PERFORMANCE.md), written out independently of the code under test
 NCCL_TESTS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-                     "reduce_scatter": lambda n: (n - 1) / n, "send_recv": lambda n: 1.0}
+                     "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+                     "broadcast": lambda n: 1.0, "send_recv": lambda n: 1.0}
+OP_OF = {binary: op for op, binary in BINARIES.items()}
 
 
 def _cfg(**over: Any) -> Any:
@@ -34,36 +38,46 @@ def _outputs() -> list[Path]:
     return sorted(DATA.glob("*.txt"))
 
 
+def _run_of(text: str) -> tuple[str, int, list[int]]:
+    """(op, GPUs, sizes) from the header nccl-tests printed."""
+    test = re.search(r"# Collective test starting: (\w+)", text).group(1)  # type: ignore[union-attr]
+    params = re.search(r"nGpus (\d+) minBytes (\d+) maxBytes (\d+) step: (\d+)\(factor\)", text)
+    assert params, text[:500]
+    n, lo, hi, f = (int(x) for x in params.groups())
+    sizes = [lo * f ** e for e in range(64) if lo * f ** e <= hi]
+    return OP_OF[test], n, sizes
+
+
 def test_real_output_is_kept() -> None:
-    assert {p.stem for p in _outputs()} >= {"all_reduce", "all_gather", "reduce_scatter", "send_recv"}
+    assert {_run_of(p.read_text())[0] for p in _outputs()} == set(BINARIES)
 
 
 @pytest.mark.parametrize("path", _outputs(), ids=lambda p: p.stem)
 def test_parser_reads_every_size_of_real_output(path: Path) -> None:
     text = path.read_text()
+    op, n, sizes = _run_of(text)
     rows = parse_output(text)
-    sizes = [1 << e for e in range(20, 31, 2)]  # 1 MiB .. 1 GiB, x4 (how the data was captured)
     assert [r.size_bytes for r in rows] == sizes
     for r in rows:
-        assert r.dtype == "float" and r.count * 4 in (r.size_bytes, r.size_bytes // 2)
+        assert r.dtype == "float" and r.size_bytes in (4 * r.count, 4 * r.count * n)  # per-rank or gathered count
         assert r.wrong == 0
-        # nccl-tests prints algbw = S / time (GB/s, 1e9) rounded to 2 decimals
-        assert r.algbw_gbps == pytest.approx(r.size_bytes / (r.time_us * 1e-6) / 1e9, rel=0.01, abs=0.01)
+        # nccl-tests prints algbw = S / time (GB/s, 1e9), rounded
+        assert r.algbw_gbps == pytest.approx(r.size_bytes / (r.time_us / 1e6) / 1e9, rel=0.01)
     assert header(text)["version"].startswith("nccl-tests version")
-    assert "nGpus 2" in header(text)["parameters"]
+    assert f"nGpus {n}" in header(text)["parameters"]
 
 
 @pytest.mark.parametrize("path", _outputs(), ids=lambda p: p.stem)
 def test_real_output_becomes_cases_with_nccl_tests_busbw(path: Path) -> None:
-    op = path.stem
-    rows = parse_output(path.read_text())
-    cfg = _cfg()
-    cases = cases_from_rows(op, rows, sizes=[r.size_bytes for r in rows], world_size=2, cfg=cfg,
-                            ops_per_sample=20, busbw_factor=NCCL_TESTS_FACTOR[op](2))
+    text = path.read_text()
+    op, n, sizes = _run_of(text)
+    rows = parse_output(text)
+    cases = cases_from_rows(op, rows, sizes=sizes, world_size=n, cfg=_cfg(), ops_per_sample=20,
+                            busbw_factor=NCCL_TESTS_FACTOR[op](n))
     for case, row in zip(cases, rows, strict=True):
         assert case["op"] == op and case["impl"] == "nccl_tests" and case["size_bytes"] == row.size_bytes
         assert case["times_s"] == [row.time_us / 1e6] and case["median_s"] == row.time_us / 1e6
-        # our busbw, recomputed from the time, agrees with the one nccl-tests printed
+        # busbw recomputed from the time with nccl-tests' factor agrees with the busbw nccl-tests printed
         assert case["busbw_gbps"] == pytest.approx(row.busbw_gbps, rel=0.01, abs=0.01)
         assert case["nccl_tests_busbw_gbps"] == row.busbw_gbps
 
@@ -157,3 +171,59 @@ def test_a_complete_build_needs_gpus(tmp_path: Path) -> None:
                           "backend=gloo"], sweep_dir=tmp_path / "sweep", cwd=tmp_path / "cwd")
     assert run.rc == 2, run.describe()
     assert "benchmark.impl=nccl_tests runs on GPUs, not backend=gloo" in run.stderr
+
+
+# ---------------------------------------------------------------- the peer's ranks, on a real 2-rank gloo group
+# nccl-tests needs GPUs, so here a stand-in script in its place prints real captured output and
+# records its arguments: what runs is sweepbench's side (who launches, who waits, what is kept).
+
+
+def peer_job(rank: int, world_size: int, build: str, job_dir: str) -> dict[str, Any]:
+    import torch
+
+    from sweepbench.benchmarks.base import RankContext
+    from sweepbench.measure.nccl_tests import run_cases
+
+    cfg = OmegaConf.create({"launch": {"timeout_s": 60}, "benchmark": {
+        **_cfg(max_bytes=64 << 20), "ops": ["all_reduce"], "nccl_tests_dir": build}})
+    ctx = RankContext(rank=rank, world_size=world_size, local_rank=rank, device=torch.device("cpu"),
+                      backend="gloo", cfg=cfg, job_dir=Path(job_dir))
+    seen: list[dict[str, Any]] = []
+    grid = [("all_reduce", s) for s in (1 << 20, 4 << 20, 16 << 20, 64 << 20)]
+    try:
+        done = run_cases(ctx, cfg.benchmark, grid, seen.append)
+    except RuntimeError as err:
+        return {"error": str(err)}
+    return {**done, "seen": len(seen)}
+
+
+def _stand_in(build: Path, script: str) -> None:
+    build.mkdir(parents=True, exist_ok=True)
+    binary = build / BINARIES["all_reduce"]
+    binary.write_text("#!/bin/sh\n" + script)
+    binary.chmod(stat.S_IRWXU)
+
+
+def test_rank_0_runs_the_binary_and_the_others_wait(worlds: Any, tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    _stand_in(build, f'echo "$@" > {tmp_path}/argv\ncat {DATA}/all_reduce.txt\n')
+    r0, r1 = worlds.get(2).run(peer_job, str(build), str(tmp_path / "job"))
+    assert r1["cases"] == [] and r1["seen"] == 0  # rank 1 ran nothing, and was released
+    assert (tmp_path / "argv").read_text().split() == [
+        "-g", "2", "-b", str(1 << 20), "-e", str(64 << 20), "-f", "4", "-d", "float", "-w", "5", "-n", "20",
+        "-N", "1", "-c", "1"]
+    rows = parse_output((DATA / "all_reduce.txt").read_text())
+    assert r0["seen"] == 4 and [c["median_s"] for c in r0["cases"]] == [r.time_us / 1e6 for r in rows]
+    assert r0["sampling"]["ops_per_sample"] == 20 and r0["sampling"]["samples"] == 1
+    assert r0["sampling"]["runs"]["all_reduce"]["version"].startswith("nccl-tests version 2.19.6")
+    kept = (tmp_path / "job" / "nccl_tests" / "all_reduce.txt").read_text()  # the raw output, with its command
+    assert kept.splitlines()[0].endswith("all_reduce_perf -g 2 -b 1048576 -e 67108864 -f 4 -d float -w 5 -n 20 -N 1 -c 1")
+    assert (DATA / "all_reduce.txt").read_text() in kept
+
+
+def test_a_failing_binary_fails_rank_0_and_releases_the_others(worlds: Any, tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    _stand_in(build, 'echo "Invalid number of GPUs: 2 requested but only 1 were found." >&2\nexit 1\n')
+    r0, r1 = worlds.get(2).run(peer_job, str(build), str(tmp_path / "job"))
+    assert "all_reduce_perf -g 2" in r0["error"] and "exited with 1: Invalid number of GPUs" in r0["error"]
+    assert r1["cases"] == []

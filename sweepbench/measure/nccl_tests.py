@@ -122,23 +122,24 @@ def cases_from_rows(op: str, rows: list[Row], *, sizes: list[int], world_size: i
     return cases
 
 
-def _nccl_lib_dir() -> str | None:
-    """The lib/ of the NCCL wheel torch uses (the build links against it; nothing records its path)."""
+def library_path() -> str:
+    """LD_LIBRARY_PATH for the binaries: the lib/ of the NCCL wheel torch uses (they link its
+    libnccl.so.2, which no system path holds) and CUDA's lib64 (libcudart), before the caller's."""
+    dirs = []
     try:
         import nvidia.nccl
+
+        dirs.append(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))
     except ImportError:
-        return None
-    return os.path.join(list(nvidia.nccl.__path__)[0], "lib")
+        pass
+    dirs.append(os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "lib64"))
+    return os.pathsep.join(d for d in (*dirs, os.environ.get("LD_LIBRARY_PATH", "")) if d)
 
 
 def _run_binary(cmd: list[str], out_file: Path | None) -> str:
     from sweepbench.record.atomic import write_atomic
 
-    env = dict(os.environ)
-    lib = _nccl_lib_dir()
-    if lib:
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (lib, env.get("LD_LIBRARY_PATH", "")) if p)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, env={**os.environ, "LD_LIBRARY_PATH": library_path()}, capture_output=True, text=True)
     text = proc.stdout + (f"\n# stderr:\n{proc.stderr}" if proc.stderr else "")
     if out_file is not None:
         out_file.parent.mkdir(parents=True, exist_ok=True)
