@@ -227,3 +227,18 @@ def test_a_failing_binary_fails_rank_0_and_releases_the_others(worlds: Any, tmp_
     r0, r1 = worlds.get(2).run(peer_job, str(build), str(tmp_path / "job"))
     assert "all_reduce_perf -g 2" in r0["error"] and "exited with 1: Invalid number of GPUs" in r0["error"]
     assert r1["cases"] == []
+
+
+def test_the_plot_has_a_line_per_impl() -> None:
+    from sweepbench.benchmarks.collective import CollectiveBenchmark
+
+    text = (DATA / "sendrecv.txt").read_text()
+    op, n, sizes = _run_of(text)
+    peer = cases_from_rows(op, parse_output(text), sizes=sizes, world_size=n, cfg=_cfg(), ops_per_sample=20,
+                           busbw_factor=1.0)
+    ours = [{**c, "impl": "torch", "busbw_gbps": c["busbw_gbps"] / 2} for c in peer]
+    jobs = [{"status": "ok", "tag": f"collective-{impl}", "world_size": n, "backend": "nccl", "results": {"cases": cases}}
+            for impl, cases in (("torch", ours), ("nccl_tests", peer))]
+    (plot,) = CollectiveBenchmark.plots(jobs)
+    labels = plot.figure.axes[0].get_legend_handles_labels()[1]
+    assert {"send_recv ws1 torch", "send_recv ws1 nccl_tests"} <= set(labels), labels
