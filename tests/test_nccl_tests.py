@@ -242,3 +242,11 @@ def test_the_plot_has_a_line_per_impl() -> None:
     (plot,) = CollectiveBenchmark.plots(jobs)
     labels = plot.figure.axes[0].get_legend_handles_labels()[1]
     assert {"send_recv ws1 torch", "send_recv ws1 nccl_tests"} <= set(labels), labels
+
+
+def test_an_unknown_impl_is_refused_with_the_valid_ones(compose: Any) -> None:
+    from sweepbench.config.validate import validate
+
+    with pytest.raises(ValueError, match=r"^benchmark.impl='nccl'; valid: nccl_tests, torch$"):
+        validate(compose("parallelism=tp2", "benchmark.impl=nccl"))
+    assert validate(compose("parallelism=tp2", "benchmark.impl=torch")) == 2

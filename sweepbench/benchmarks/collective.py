@@ -87,6 +87,7 @@ class CollectiveBenchmark(Benchmark):
 
         series: dict[str, list[tuple[float, float]]] = {}
         ceilings: dict[str, float] = {}
+
         def kind(job: dict[str, Any], case: dict[str, Any]) -> tuple[str, str, str]:
             return job["backend"], case["dtype"], case.get("impl", "torch")
 
