@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from sweepbench.benchmarks.base import RankContext
 from sweepbench.benchmarks.collective import ALL_OPS, CollectiveBenchmark, VerificationError, message_sizes
-from sweepbench.measure.collectives import OPS, Buffers
+from sweepbench.measure.collectives import OPS, Buffers, Mismatch, verify_once
 from sweepbench.measure.stats import summarize
 
 from .conftest import SMALL, SweepRun
@@ -107,32 +107,32 @@ SOLO_OPS = [op for op, spec in OPS.items() if spec.min_ranks <= 1]
 
 
 @pytest.mark.parametrize("op", SOLO_OPS)
-def test_verification_passes_a_right_result(bench: CollectiveBenchmark, op: str) -> None:
+def test_verification_passes_a_right_result(solo_group: None, op: str) -> None:
     bufs = OPS[op].build(64, 0, 1, torch.float32, torch.device("cpu"))
-    bench._verify(op, bufs, 256)  # no exception
+    verify_once(op, bufs, 256, 0)  # no exception
     assert torch.equal(bufs.output, bufs.expected)
 
 
 @pytest.mark.parametrize("op", SOLO_OPS)
-def test_verification_catches_a_wrong_expected_value(bench: CollectiveBenchmark, op: str) -> None:
+def test_verification_catches_a_wrong_expected_value(solo_group: None, op: str) -> None:
     bufs = OPS[op].build(64, 0, 1, torch.float32, torch.device("cpu"))
     wrong = bufs.expected.clone()
     wrong[17] += 1
-    with pytest.raises(VerificationError, match=rf"^{op} at 256 B on rank 0: element 17 is"):
-        bench._verify(op, dataclasses.replace(bufs, expected=wrong), 256)
+    with pytest.raises(Mismatch, match=rf"^{op} at 256 B on rank 0: element 17 is"):
+        verify_once(op, dataclasses.replace(bufs, expected=wrong), 256, 0)
 
 
-def test_verification_catches_a_collective_that_did_nothing(bench: CollectiveBenchmark) -> None:
+def test_verification_catches_a_collective_that_did_nothing() -> None:
     bufs = OPS["all_reduce"].build(8, 0, 1, torch.float32, torch.device("cpu"))
     out = torch.empty(8)
     broken = Buffers(run=lambda: None, reset=lambda: out.fill_(-1), output=out, expected=bufs.expected)
-    with pytest.raises(VerificationError, match="element 0 is -1.0, expected"):
-        bench._verify("all_reduce", broken, 32)
+    with pytest.raises(Mismatch, match="element 0 is -1.0, expected"):
+        verify_once("all_reduce", broken, 32, 0)
 
 
 def test_verification_error_fails_the_job_check() -> None:
     # a VerificationError is an AssertionError: never swallowed as an ordinary result
-    assert issubclass(VerificationError, AssertionError)
+    assert issubclass(VerificationError, AssertionError) and issubclass(Mismatch, AssertionError)
 
 
 def test_solo_run_is_verified_and_skips_send_recv(bench: CollectiveBenchmark) -> None:
@@ -140,8 +140,9 @@ def test_solo_run_is_verified_and_skips_send_recv(bench: CollectiveBenchmark) ->
     assert result.verified is True
     assert result.extra["skipped_ops"] == ["send_recv"]
     assert {c["op"] for c in result.cases} == set(SOLO_OPS)
+    assert result.extra["sampling"]["ops_per_sample"] == 20 and result.extra["sampling"]["samples"] == 3
     for c in result.cases:
-        assert len(c["times_s"]) == 3
+        assert len(c["times_s"]) == 3 and c["ops_per_sample"] == 20 and c["impl"] == "torch"
         assert c["busbw_gbps"] == pytest.approx(c["algbw_gbps"] * NCCL_TESTS_FACTOR[c["op"]](1))
 
 

@@ -35,7 +35,7 @@ def test_default_tag_shape(compose) -> None:
     cfg = compose()
     tag = tag_of(cfg)
     # collective's tag_groups leave out mode, which means nothing to it
-    assert tag == f"collective_tiny_tp2_auto_ws2_{config_hash(cfg)}"
+    assert tag == f"collective-torch_tiny_tp2_auto_ws2_{config_hash(cfg)}"
     assert HEX.match(tag[-HASH_LEN:])
 
 
@@ -114,7 +114,7 @@ def test_unsafe_names_are_sanitised_and_still_distinct(compose, tmp_path: Path) 
     b = compose("model.name='a b/c'")
     ta, tb = tag_of(a), tag_of(b)
     assert SAFE.match(ta) and SAFE.match(tb)
-    assert ta[:-HASH_LEN] == tb[:-HASH_LEN] == "collective_a-b-c_tp2_auto_ws2_"
+    assert ta[:-HASH_LEN] == tb[:-HASH_LEN] == "collective-torch_a-b-c_tp2_auto_ws2_"
     assert ta != tb  # same readable part, different config: the hash tells them apart
     (tmp_path / ta).mkdir()
     assert [p.name for p in tmp_path.iterdir()] == [ta]

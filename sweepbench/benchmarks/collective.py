@@ -1,7 +1,10 @@
-"""Collective bandwidth, as nccl-tests defines it.
+"""Collective bandwidth, as nccl-tests defines and times it.
 
-For each op and message size: fill known inputs, run once and check the output exactly, then
-time ``iters`` iterations after ``warmup`` (slowest rank), then check once more. ``size_bytes`` is
+For each op and message size: fill known inputs, run once and check the output exactly, warm up,
+then time ``iters`` samples, each ``ops_per_sample`` back-to-back ops (nccl-tests' ``-n``) whose
+time / ops_per_sample is the sample (slowest rank), each sample's output checked before its time
+counts. ``benchmark.impl`` picks who runs the cases (measure.collective_impls): ``torch``
+(torch.distributed) or the peer ``nccl_tests`` (NVIDIA's binaries), parsed into the same cases. ``size_bytes`` is
 nccl-tests' size S (the full buffer: the gathered output for all_gather, the input for
 reduce_scatter); algbw = S / t and busbw = algbw * factor(n), with factor 2(n-1)/n for all_reduce,
 (n-1)/n for all_gather, reduce_scatter and all_to_all, and 1 for broadcast and send_recv."""
@@ -16,10 +19,8 @@ from omegaconf import DictConfig
 from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, VerificationError
 from sweepbench.benchmarks.registry import register
 from sweepbench.config.schema import BenchmarkConfig
+from sweepbench.measure.collective_impls import ALL_OPS, DTYPE_BYTES, get_impl
 from sweepbench.report.units import format_bytes
-
-ALL_OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv"]  # measure.collectives.OPS
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass
@@ -30,6 +31,10 @@ class CollectiveConfig(BenchmarkConfig):
     max_bytes: int = 1 << 20
     step_factor: int = 4
     dtype: str = "float32"
+    # ops one timed sample runs back to back (nccl-tests -n); 0 = measure.timing's rule for short ops (20)
+    ops_per_sample: int = 0
+    impl: str = "torch"  # who runs the cases: torch | nccl_tests (sweep: benchmark.impl=torch,nccl_tests)
+    nccl_tests_dir: str = ""  # impl=nccl_tests: the build directory holding all_reduce_perf, ... (nccl-tests' build/)
 
 
 def message_sizes(cfg: Any) -> list[int]:
@@ -43,6 +48,7 @@ def message_sizes(cfg: Any) -> list[int]:
 @register("collective")
 class CollectiveBenchmark(Benchmark):
     schema = CollectiveConfig
+    tag_keys = ("impl",)
     tag_groups = ("model", "parallelism", "backend")
 
     @classmethod
@@ -57,6 +63,9 @@ class CollectiveBenchmark(Benchmark):
             raise ValueError(f"benchmark.step_factor={b.step_factor} must be >= 2")
         if b.dtype not in DTYPE_BYTES:
             raise ValueError(f"benchmark.dtype={b.dtype!r}; valid: {', '.join(DTYPE_BYTES)}")
+        if b.ops_per_sample < 0:
+            raise ValueError(f"benchmark.ops_per_sample={b.ops_per_sample} must be >= 1 (or 0: the default, 20)")
+        get_impl(b.impl).check(cfg, cls.world_size(cfg))
 
     @classmethod
     def headline(cls, cfg: DictConfig) -> list[Headline]:
@@ -78,12 +87,16 @@ class CollectiveBenchmark(Benchmark):
 
         series: dict[str, list[tuple[float, float]]] = {}
         ceilings: dict[str, float] = {}
-        per_ws = {}  # several jobs of one world size (dtypes, backends): name them apart
-        for job, _ in ok_cases(jobs):
-            per_ws.setdefault(job["world_size"], set()).add(job["tag"])
+
+        def kind(job: dict[str, Any], case: dict[str, Any]) -> tuple[str, str, str]:
+            return job["backend"], case["dtype"], case.get("impl", "torch")
+
+        per_ws: dict[int, set[tuple[str, str, str]]] = {}  # jobs of one world size: name what differs
         for job, case in ok_cases(jobs):
-            ws = job["world_size"]
-            which = f" {job['backend']} {case['dtype']}" if len(per_ws[ws]) > 1 else ""
+            per_ws.setdefault(job["world_size"], set()).add(kind(job, case))
+        for job, case in ok_cases(jobs):
+            ws, kinds = job["world_size"], per_ws[job["world_size"]]
+            which = "".join(f" {v}" for i, v in enumerate(kind(job, case)) if len({k[i] for k in kinds}) > 1)
             series.setdefault(f"{case['op']} ws{ws}{which}", []).append((case["size_bytes"], case["busbw_gbps"]))
             if case["op"] == "send_recv":
                 key = f"ceiling ws{ws}{which} (send/recv)"
@@ -96,52 +109,27 @@ class CollectiveBenchmark(Benchmark):
                      "nccl-tests' bus bandwidth per op and world size; dotted: the fastest send/recv ring "
                      "of that world size, the link ceiling")]
 
-    def _verify(self, op: str, bufs: Any, size: int) -> None:
-        import torch
-
-        bufs.reset()
-        bufs.run()
-        if not torch.equal(bufs.output, bufs.expected):
-            bad = (bufs.output != bufs.expected).nonzero()[0].item()
-            raise VerificationError(f"{op} at {size} B on rank {self.ctx.rank}: element {bad} is "
-                                    f"{bufs.output[bad].item()}, expected {bufs.expected[bad].item()}")
-
-    def _case(self, op: str, size: int) -> dict[str, Any]:
-        import torch
-
-        from sweepbench.measure import summarize, time_iterations
-        from sweepbench.measure.collectives import OPS
-
-        ctx, n = self.ctx, self.ctx.world_size
-        dtype = getattr(torch, self.cfg.dtype)
-        itemsize = DTYPE_BYTES[self.cfg.dtype]
-        numel = max(n, size // itemsize // n * n)  # a multiple of n elements, as nccl-tests does
-        bufs = OPS[op].build(numel, ctx.rank, n, dtype, ctx.device)
-        self._verify(op, bufs, size)
-        times = time_iterations(bufs.run, warmup=self.cfg.warmup, iters=self.cfg.iters, device=ctx.device)
-        self._verify(op, bufs, size)
-        stats = summarize(times)
-        s_bytes = numel * itemsize
-        algbw = s_bytes / stats["median_s"] / 1e9
-        return {"op": op, "size_bytes": s_bytes, "dtype": self.cfg.dtype, "times_s": times, **stats,
-                "warmup": self.cfg.warmup, "iters": self.cfg.iters,
-                "algbw_gbps": algbw, "busbw_gbps": algbw * OPS[op].busbw_factor(n)}
-
     def run(self) -> BenchmarkResult:
-        from sweepbench.measure.collectives import OPS
+        from sweepbench.measure.collectives import OPS, Mismatch
         from sweepbench.measure.progress import case_done
 
         ops = [op for op in self.cfg.ops if self.ctx.world_size >= OPS[op].min_ranks]
         grid = [(op, size) for op in ops for size in message_sizes(self.cfg)]
-        cases = []
-        for op, size in grid:
-            cases.append(self._case(op, size))
-            case_done(f"{op} {format_bytes(cases[-1]['size_bytes'])}: busbw {cases[-1]['busbw_gbps']:.3g} GB/s",
+
+        def on_case(case: dict[str, Any]) -> None:
+            case_done(f"{case['op']} {format_bytes(case['size_bytes'])}: busbw {case['busbw_gbps']:.3g} GB/s",
                       total=len(grid))
+
+        try:
+            done = get_impl(self.cfg.impl).load()(self.ctx, self.cfg, grid, on_case)
+        except Mismatch as err:
+            raise VerificationError(str(err)) from err
+        cases = done["cases"]  # rank 0's count (a peer's other ranks may hold none)
         summary: dict[str, float] = {}
         for op in ops:  # the headline numbers are the largest message's, as the headline labels say
-            largest = [c for c in cases if c["op"] == op][-1]
-            summary[f"{op}_busbw_gbps"] = largest["busbw_gbps"]
-            summary[f"{op}_median_s"] = largest["median_s"]
+            largest = [c for c in cases if c["op"] == op][-1:]
+            for c in largest:
+                summary[f"{op}_busbw_gbps"] = c["busbw_gbps"]
+                summary[f"{op}_median_s"] = c["median_s"]
         return BenchmarkResult(cases=cases, summary=summary, verified=True,
-                               extra={"skipped_ops": sorted(set(self.cfg.ops) - set(ops))})
+                               extra={"skipped_ops": sorted(set(self.cfg.ops) - set(ops)), "sampling": done["sampling"]})

@@ -1,13 +1,18 @@
 """Collective operations as nccl-tests measures them: for each op, buffers with known inputs, the
-call to time, a reset and the exact expected output, plus nccl-tests' bus-bandwidth factor."""
+call to time, a reset and the exact expected output, plus nccl-tests' bus-bandwidth factor; and
+the ``torch`` implementation of the collective benchmark, which times them with torch.distributed."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+
+from sweepbench.measure.collective_impls import DTYPE_BYTES
+from sweepbench.measure.stats import summarize
+from sweepbench.measure.timing import ops_per_sample, sampling, time_iterations
 
 # torch 2.13 renamed the tensor forms (the old names warn); older torch has only the old names
 _all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -25,12 +30,16 @@ class Buffers:
     reset: Callable[[], None]
     output: torch.Tensor
     expected: torch.Tensor
+    # the output still equals ``expected`` after the op runs again on its own output (every op but
+    # the in-place all_reduce, whose values grow with each call)
+    repeatable: bool = True
 
 
 def _all_reduce(numel: int, r: int, n: int, dt: torch.dtype, dev: torch.device) -> Buffers:
     buf = torch.empty(numel, dtype=dt, device=dev)
     expected = sum(_pattern(numel, k, torch.float64, dev) for k in range(n)).to(dt)
-    return Buffers(lambda: dist.all_reduce(buf), lambda: buf.copy_(_pattern(numel, r, dt, dev)), buf, expected)
+    return Buffers(lambda: dist.all_reduce(buf), lambda: buf.copy_(_pattern(numel, r, dt, dev)), buf, expected,
+                   repeatable=False)
 
 
 def _all_gather(numel: int, r: int, n: int, dt: torch.dtype, dev: torch.device) -> Buffers:
@@ -90,3 +99,58 @@ OPS: dict[str, OpSpec] = {
     "all_to_all": OpSpec(_all_to_all, lambda n: (n - 1) / n),
     "send_recv": OpSpec(_send_recv, lambda n: 1.0, min_ranks=2),
 }
+
+
+class Mismatch(AssertionError):
+    """An op's output differs from its expected value."""
+
+
+def check_output(op: str, bufs: Buffers, size: int, rank: int) -> None:
+    """Mismatch naming the first wrong element of this rank's output."""
+    if not torch.equal(bufs.output, bufs.expected):
+        bad = (bufs.output != bufs.expected).nonzero()[0].item()
+        raise Mismatch(f"{op} at {size} B on rank {rank}: element {bad} is "
+                       f"{bufs.output[bad].item()}, expected {bufs.expected[bad].item()}")
+
+
+def verify_once(op: str, bufs: Buffers, size: int, rank: int) -> None:
+    """Reset the inputs, run the op once and check its output."""
+    bufs.reset()
+    bufs.run()
+    check_output(op, bufs, size, rank)
+
+
+def time_case(op: str, size: int, *, rank: int, world_size: int, device: torch.device, cfg: Any) -> dict[str, Any]:
+    """One (op, size) case, timed with torch.distributed: checked once, then ``cfg.iters`` samples
+    of ops_per_sample back-to-back ops, each sample's output checked before its time counts (the
+    batch's last op where the op is repeatable, else one more op after a reset)."""
+    n, itemsize = world_size, DTYPE_BYTES[cfg.dtype]
+    numel = max(n, size // itemsize // n * n)  # a multiple of n elements, as nccl-tests does
+    bufs = OPS[op].build(numel, rank, n, getattr(torch, cfg.dtype), device)
+    verify_once(op, bufs, size, rank)
+    k = ops_per_sample(cfg.ops_per_sample, short_ops=True)
+
+    def after() -> None:
+        if bufs.repeatable:
+            check_output(op, bufs, size, rank)
+        else:
+            verify_once(op, bufs, size, rank)
+
+    times = time_iterations(bufs.run, warmup=cfg.warmup, iters=cfg.iters, device=device,
+                            before=bufs.reset, after=after, ops_per_sample=k)
+    stats = summarize(times)
+    s_bytes = numel * itemsize
+    algbw = s_bytes / stats["median_s"] / 1e9
+    return {"op": op, "size_bytes": s_bytes, "dtype": cfg.dtype, "impl": "torch", "times_s": times, **stats,
+            "warmup": cfg.warmup, "iters": cfg.iters, "ops_per_sample": k,
+            "algbw_gbps": algbw, "busbw_gbps": algbw * OPS[op].busbw_factor(n)}
+
+
+def run_torch(ctx: Any, cfg: Any, grid: list[tuple[str, int]], on_case: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """The ``torch`` implementation: every rank runs every case; returns the cases and how a sample is made."""
+    cases = []
+    for op, size in grid:
+        cases.append(time_case(op, size, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, cfg=cfg))
+        on_case(cases[-1])
+    k = ops_per_sample(cfg.ops_per_sample, short_ops=True)
+    return {"cases": cases, "sampling": sampling(warmup=cfg.warmup, iters=cfg.iters, ops_per_sample=k, device=ctx.device)}

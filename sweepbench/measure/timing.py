@@ -1,5 +1,13 @@
-"""The timing loop: warm up, then time each iteration with device events (CUDA) or the host
-clock (CPU, where gloo collectives are synchronous), and keep the slowest rank's time."""
+"""The timing loop: warm up, then time each sample with device events (CUDA) or the host
+clock (CPU, where gloo collectives are synchronous), and keep the slowest rank's time.
+
+Two ways to make a sample, and the rule for which one a benchmark uses lives here:
+- per step (``ops_per_sample=1``): a sample is one step after a device sync and a barrier. For
+  steps that last milliseconds or more (a refit, an attention pass, a training step), where the
+  launch latency that sync exposes is lost in the step.
+- batched (``ops_per_sample=k``): a sample is k back-to-back calls between one pair of events,
+  reported as its time / k, as nccl-tests times its ``-n`` iterations. For short ops
+  (collectives), whose one-op time would otherwise be mostly launch latency."""
 
 from __future__ import annotations
 
@@ -11,6 +19,26 @@ import torch.distributed as dist
 
 
 Hook = Callable[[], None]
+
+# nccl-tests' default -n: short ops are timed in batches of this many back-to-back calls
+SHORT_OP_BATCH = 20
+
+
+def ops_per_sample(requested: int = 0, *, short_ops: bool) -> int:
+    """How many calls one timed sample holds: ``requested`` when > 0, else SHORT_OP_BATCH for short
+    ops (collectives: launch latency would dominate one op) and 1 for long steps (per-step timing)."""
+    if requested > 0:
+        return requested
+    return SHORT_OP_BATCH if short_ops else 1
+
+
+def sampling(*, warmup: int, iters: int, ops_per_sample: int, device: torch.device) -> dict[str, object]:
+    """How time_iterations made each sample with these arguments, for metrics.json."""
+    one = "one call" if ops_per_sample == 1 else f"time of {ops_per_sample} back-to-back calls / {ops_per_sample}"
+    return {"ops_per_sample": ops_per_sample, "samples": iters, "warmup_calls": warmup,
+            "timer": "cuda events" if device.type == "cuda" else "host clock",
+            "sample": f"{one}, slowest rank"}
+
 
 # fault.kind=slow (launch.faults): every timed iteration of this rank takes this many times as long
 _slowdown = 1.0
@@ -70,15 +98,35 @@ def _time_host(step: Hook, iters: int, before: Hook, after: Hook) -> list[float]
     return times
 
 
+def _batch(step: Hook, k: int) -> Hook:
+    def batch() -> None:
+        for _ in range(k):
+            step()
+
+    return batch
+
+
 def time_iterations(
     step: Hook, *, warmup: int, iters: int, device: torch.device,
-    before: Hook = _nothing, after: Hook = _nothing,
+    before: Hook = _nothing, after: Hook = _nothing, ops_per_sample: int = 1,
 ) -> list[float]:
-    """Per-iteration seconds of the slowest rank (max over ranks, iteration by iteration).
+    """Seconds per call of ``step``, one value per sample, of the slowest rank (max over ranks,
+    sample by sample).
 
-    ``before`` and ``after`` run around every iteration, warm-up included, outside the timed
-    region (e.g. poison the output before, verify it after). Every rank of the default group must
-    call this with the same ``warmup`` and ``iters``."""
+    With ``ops_per_sample=1`` a sample is one call; ``before`` and ``after`` run around every
+    call, ``warmup`` warm-up calls included, outside the timed region (e.g. poison the output
+    before, verify it after). With ``ops_per_sample=k > 1`` a sample is k back-to-back calls
+    timed together and reported as time / k; ``before`` and ``after`` run around each sample (so
+    ``after`` sees the batch's last call), and the warm-up is ``warmup`` back-to-back calls
+    between one ``before`` and ``after``. Every rank of the default group must call this with
+    the same ``warmup``, ``iters`` and ``ops_per_sample``."""
+    assert ops_per_sample >= 1, ops_per_sample
+    if ops_per_sample > 1:
+        if warmup:
+            before()
+            _batch(step, warmup)()
+            after()
+        warmup, step = 0, _batch(step, ops_per_sample)
     for _ in range(warmup):
         before()
         step()
@@ -90,6 +138,6 @@ def time_iterations(
         times = _time_cuda(step, iters, before, after)
     else:
         times = _time_host(step, iters, before, after)
-    t = torch.tensor(times, dtype=torch.float64, device=device)
+    t = torch.tensor(times, dtype=torch.float64, device=device) / ops_per_sample
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()

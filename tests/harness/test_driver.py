@@ -124,9 +124,9 @@ def test_resume_checks_what_it_trusts_and_results_cover_the_directory(tmp_path: 
                            env=base_env(COLUMNS="100"))
     assert other.rc == 0, other.describe()
     # progress: job i of N with the elapsed time and an estimate; informative rank logs on success
-    assert re.search(r"^\[1/1\] collective_\S+: 1 ranks starting \(sweep \d+:\d\d elapsed, no estimate yet\)$",
+    assert re.search(r"^\[1/1\] collective-torch_\S+: 1 ranks starting \(sweep \d+:\d\d elapsed, no estimate yet\)$",
                      other.stdout, re.M), other.stdout
-    assert re.search(r"^\[1/1\] collective_\S+: ok in [\d.]+s$", other.stdout, re.M), other.stdout
+    assert re.search(r"^\[1/1\] collective-torch_\S+: ok in [\d.]+s$", other.stdout, re.M), other.stdout
     # the summary fits a 100-column terminal and shows the benchmark's headline columns
     table_lines = [ln for ln in other.stdout.splitlines() if ln[:1] in "┏┃│┡└"]
     assert table_lines and max(len(ln) for ln in table_lines) <= 100, "\n".join(table_lines)

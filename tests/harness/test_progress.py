@@ -62,7 +62,7 @@ def test_live_case_progress_on_a_terminal(tmp_path: Path) -> None:
     seen = {int(i) for i, _ in live}
     assert len(seen) >= 3 and seen <= set(range(1, 13)), text[-3000:]  # updated as cases finished
     # the job's line and the summary come after it, as plain lines
-    assert re.search(r"\[1/1\] collective_\S+: ok in [\d.]+s", text), text[-3000:]
+    assert re.search(r"\[1/1\] collective-torch_\S+: ok in [\d.]+s", text), text[-3000:]
     # rank 0's log: every case, in order
     [job] = [p for p in sweep_dir.iterdir() if p.is_dir()]
     steps = SweepRun(sweep_dir, [], subprocess.CompletedProcess([], rc), {}).progress(job.name)

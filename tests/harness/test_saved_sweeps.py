@@ -54,7 +54,7 @@ def test_saved_grid_expanded_tagged_and_cli_wins(tmp_path: Path, compose) -> Non
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = [p.name for p in sweep_dir.iterdir() if p.is_dir()]
-    assert len(jobs) == 1 and jobs[0].startswith("collective_tiny_tp1_"), jobs
+    assert len(jobs) == 1 and jobs[0].startswith("collective-torch_tiny_tp1_"), jobs
 
 
 def test_saved_grid_validated_before_any_job(tmp_path: Path) -> None:

@@ -1,0 +1,62 @@
+"""Who runs the collective benchmark's cases, by name (``benchmark.impl=torch,nccl_tests``): ours
+(torch.distributed, timed by measure.timing) and peers, behind one interface so that one sweep
+puts both in one results.csv. Torch-free: the driver checks a job against its implementation
+before any rank starts; each entry points at its code ("module:function"), imported on the ranks.
+
+An entry is called on every rank as ``run(ctx, cfg, grid, on_case)`` with the RankContext, the
+benchmark config and the (op, size) grid, calls ``on_case(case)`` as each case is done, and
+returns ``{"cases": [...], "sampling": {...}}`` (rank 0's counts); a wrong result raises
+``measure.collectives.Mismatch``."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+ALL_OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv"]  # collectives.OPS
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _runs_anywhere(cfg: Any, world_size: int) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class CollectiveImpl:
+    entry: str  # "module:function", see the module docstring
+    summary: str
+    # (job config, world size) -> None; ValueError (one line) where this impl cannot run the job
+    check: Callable[[Any, int], None] = _runs_anywhere
+
+    def load(self) -> Callable[..., dict[str, Any]]:
+        module, _, attr = self.entry.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+IMPLS: dict[str, CollectiveImpl] = {}
+
+
+def register(name: str, impl: CollectiveImpl) -> None:
+    if name in IMPLS:
+        raise ValueError(f"collective implementation {name!r} registered twice")
+    IMPLS[name] = impl
+
+
+def get_impl(name: str) -> CollectiveImpl:
+    if name not in IMPLS:
+        raise ValueError(f"benchmark.impl={name!r}; valid: {', '.join(sorted(IMPLS))}")
+    return IMPLS[name]
+
+
+def _check_nccl_tests(cfg: Any, world_size: int) -> None:
+    from sweepbench.measure.nccl_tests import check_build
+
+    check_build(cfg, world_size)
+
+
+register("torch", CollectiveImpl("sweepbench.measure.collectives:run_torch",
+                                 "torch.distributed on every rank, timed by sweepbench"))
+register("nccl_tests", CollectiveImpl("sweepbench.measure.nccl_tests:run_cases",
+                                      "NVIDIA's nccl-tests binaries (benchmark.nccl_tests_dir), one process "
+                                      "driving every GPU of the node", check=_check_nccl_tests))
