@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import io
 import json
 import os
 import platform
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
-from sweepbench.record.atomic import read_json, write_atomic, write_json_atomic
+from sweepbench.record.atomic import read_json, write_json_atomic
 
 CACHE_DIR = ".sweepbench-cache/attention"
 SWEEP_MARK = "multirun.yaml"
@@ -87,12 +87,20 @@ class Entry:
         if not self.meta:
             return None
         try:
-            return torch.load(self.where / "reference.pt", map_location=device, weights_only=True)
+            return torch.load(self.where / "reference.pt", map_location=device, weights_only=True, mmap=True)
         except (OSError, RuntimeError):
             return None
 
     def save(self, t1: dict[str, Any], reference: list[torch.Tensor]) -> None:
-        buf = io.BytesIO()
-        torch.save([x.detach().cpu() for x in reference], buf)
-        write_atomic(self.where / "reference.pt", buf.getvalue())
+        # streamed to a temporary and renamed (record.atomic's pattern, without its in-memory copy
+        # and fsync: GiBs at long sequences; a torn file after a crash fails to load and is remade)
+        fd, tmp = tempfile.mkstemp(dir=self.where, prefix=".reference.pt.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save([x.detach().cpu() for x in reference], f)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, self.where / "reference.pt")
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
         write_json_atomic(self.where / "entry.json", {"key": self.key, "run": self.run, "t1": t1})

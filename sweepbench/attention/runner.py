@@ -89,8 +89,8 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
     spec = get_impl(impl)
     steps = 3 + spec.own_comm  # T1, verified, timed, and the same without communication
     phase_s["t1_and_reference"] = time.perf_counter() - tic
-    case_done(f"T1 (one device, {t1_backend}{', reused' if t1_reused else ''}): "
-              f"{t1_stats[t1_backend]['median_s'] * 1e3:.3g} ms", total=steps)
+    case_done(f"T1 (one device, {t1_backend}): {t1_stats[t1_backend]['median_s'] * 1e3:.3g} ms"
+              f"{' (reused from the sweep)' if t1_reused else ''}", total=steps)
     tic = time.perf_counter()
     mine = [shard_sequence(x, dim=2, rank=rank, world_size=world_size, placement=spec.placement) for x in inputs]
     del inputs
