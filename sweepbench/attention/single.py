@@ -13,6 +13,7 @@ dying backend is survived."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -64,7 +65,7 @@ def probe_backends(case: T1Case, candidates: list[str], *, fault: str = "") -> t
     times: dict[str, list[float]] = {}
     refused: dict[str, str] = {}
     while todo:
-        spec = json.dumps({"case": asdict(case), "backends": todo, "fault": fault})
+        spec = json.dumps({"case": asdict(case), "backends": todo, "fault": fault, "parent": os.getpid()})
         proc = subprocess.run([sys.executable, "-m", "sweepbench.attention.single"], input=spec,
                               stdout=subprocess.PIPE, text=True, check=False)
         current: str | None = None
@@ -140,8 +141,6 @@ def _say(kind: str, name: str, value: Any) -> None:
 
 
 def _do_fault(kind: str) -> None:
-    import ctypes
-
     if kind == "exit":
         os._exit(3)
     if kind == "kill":
@@ -151,7 +150,18 @@ def _do_fault(kind: str) -> None:
     raise RuntimeError(f"injected fault: benchmark.t1_fault={kind}")
 
 
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this child when its rank dies (the launcher SIGKILLs ranks on a failure or time-out)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 def _child(spec: dict[str, Any]) -> None:
+    _die_with_parent(spec["parent"])
     import torch
     import torch.distributed as dist
 
