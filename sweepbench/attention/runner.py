@@ -80,7 +80,8 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
     branches = branches_of(segment_lengths, dilation_rates)
     inputs = make_inputs(shape, dtype=dt, device=device, seed=seed)
     t1_case = T1Case(batch, heads, kv_heads, seq_len, head_dim, dtype, str(device), seed, causal, backward, pattern,
-                     [[b.segment, b.rate] for b in branches], t1_iters, torch.get_num_threads())
+                     [[b.segment, b.rate] for b in branches] if pattern == "dilated" else [], t1_iters,
+                     torch.get_num_threads())
     t1, reference, t1_reused = t1_and_reference(rank, inputs, t1_case, candidates=_candidates(device, dt),
                                                 fault=t1_fault, store=store)
     t1_stats = t1["stats"]
