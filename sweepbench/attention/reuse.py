@@ -88,7 +88,7 @@ class Entry:
             return None
         try:
             return torch.load(self.where / "reference.pt", map_location=device, weights_only=True, mmap=True)
-        except (OSError, RuntimeError):
+        except Exception:  # noqa: BLE001 - unreadable (torn by a crash, another torch): measured again
             return None
 
     def save(self, t1: dict[str, Any], reference: list[torch.Tensor]) -> None:
