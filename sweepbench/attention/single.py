@@ -59,7 +59,8 @@ def _why_died(returncode: int) -> str:
     return f"exit code {returncode}"
 
 
-def probe_backends(case: T1Case, candidates: list[str], *, fault: str = "") -> tuple[dict[str, list[float]], dict[str, str]]:
+def probe_backends(case: T1Case, candidates: list[str], *,
+                   fault: str = "") -> tuple[dict[str, list[float]], dict[str, str]]:
     """({backend: per-iteration seconds} of the backends that ran, {backend: why not} of the others)."""
     todo = ([FAULT] if fault else []) + list(candidates)
     times: dict[str, list[float]] = {}
@@ -93,16 +94,16 @@ def probe_backends(case: T1Case, candidates: list[str], *, fault: str = "") -> t
     return times, refused
 
 
-def t1_and_reference(rank: int, inputs: list["torch.Tensor"], case: T1Case, *, candidates: list[str],
-                     fault: str, store: "SweepStore | None") -> tuple[dict[str, Any], list["torch.Tensor"] | None, bool]:
+def t1_and_reference(rank: int, inputs: list["torch.Tensor"], case: T1Case, *, candidates: list[str], fault: str,
+                     store: "SweepStore | None") -> tuple[dict[str, Any], list["torch.Tensor"] | None, bool]:
     """T1 ({"stats": {backend: stats}, "refused": {backend: why}}, on every rank), the reference
     (out, dq, dk, dv) of T1's fastest backend (rank 0; None elsewhere) and whether both came from
     the sweep's store. No backend left fails the job."""
     import torch
 
+    from sweepbench.attention.dilated import Branch
     from sweepbench.attention.reuse import software_key
     from sweepbench.attention.scaling import single_device
-    from sweepbench.attention.dilated import Branch
     from sweepbench.measure import summarize
 
     t1, reference, reused = None, None, False

@@ -1,10 +1,12 @@
-"""An impl with a context, registered for the tests only: the ring inside a context that counts
-its entries and says whether it is open (torch_cp's structure, on CPU/gloo). Module-level rank
-functions, so that spawned gloo ranks import (and register) it."""
+"""Rank functions of tests/attention/test_single.py (module level, so that spawned gloo ranks
+import them): an impl with a context, registered for the tests only (the ring inside a context
+that counts its entries and says whether it is open: torch_cp's structure on CPU/gloo), and a
+case run against a sweep's store of T1 and the reference."""
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator
 
 import torch
@@ -46,3 +48,21 @@ def run_counted(rank: int, world_size: int, warmup: int, iters: int) -> tuple[di
                        pattern="dense", segment_lengths=[], dilation_rates=[], sdpa_backend="auto",
                        rotate_method="allgather", warmup=warmup, iters=iters, t1_iters=1)
     return case, dict(COUNTS)
+
+
+def run_stored(rank: int, world_size: int, sweep_dir: str) -> tuple[bool, str | None]:
+    """One ring case with rank 0 reading and writing the store of ``sweep_dir``: (T1 reused, the
+    verification error or None)."""
+    from sweepbench.attention.reuse import SweepStore
+    from sweepbench.attention.runner import run_case
+    from sweepbench.benchmarks.base import VerificationError
+
+    store = SweepStore(Path(sweep_dir), force=False) if rank == 0 else None
+    try:
+        case, _ = run_case(rank=rank, world_size=world_size, device=torch.device("cpu"), seed=0, batch=1, heads=2,
+                           kv_heads=2, head_dim=8, seq_len=32, dtype="float32", causal=True, backward=True,
+                           impl="ring", pattern="dense", segment_lengths=[], dilation_rates=[], sdpa_backend="auto",
+                           rotate_method="allgather", warmup=1, iters=1, t1_iters=1, store=store)
+    except VerificationError as err:
+        return False, str(err)
+    return case["t1_reused"], None

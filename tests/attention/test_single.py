@@ -25,6 +25,24 @@ def test_context_entered_once_per_loop(worlds: Any) -> None:
         assert case["verified"] and case["context_entry_s"] >= 0
 
 
+def test_a_reused_reference_is_what_verification_checks(worlds: Any, tmp_path: Path) -> None:
+    """The stored reference is the one the result is checked against: spoil it and the next job's
+    verification fails (reuse keeps the guarantee; it does not skip the check)."""
+    import torch
+
+    from tests.attention.counted import run_stored
+
+    (tmp_path / "multirun.yaml").write_text("{}\n")
+    world = worlds.get(2)
+    assert world.run(run_stored, str(tmp_path)) == [(False, None)] * 2  # measured and stored
+    assert world.run(run_stored, str(tmp_path)) == [(True, None)] * 2  # reused, verified
+    [entry] = (tmp_path / ".sweepbench-cache" / "attention").iterdir()
+    out, dq, dk, dv = torch.load(entry / "reference.pt")
+    torch.save([out, dq + 1.0, dk, dv], entry / "reference.pt")
+    results = world.run(run_stored, str(tmp_path))
+    assert all(not reused and err and "dq: 512 of 512 elements off" in err for reused, err in results), results
+
+
 def test_t1_probe_survives_a_dying_backend(tmp_path: Path) -> None:
     run = run_sweepbench([*FAST, "parallelism=cp1", "benchmark.seq_len=64", "benchmark.t1_fault=kill,raise"],
                          sweep_dir=tmp_path / "sweep")
