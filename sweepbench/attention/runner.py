@@ -6,13 +6,20 @@ forward+backward (peak memory is read over these iterations, after a reset, and 
 times are kept for the per-rank medians); forward+backward again with ``LocalComm`` (the same
 schedule, no bytes between ranks). Exposed communication = median(total) - median(no-comm total):
 the communication time that compute did not hide (``torch_cp`` cannot run without communication,
-so it has none)."""
+so it has none). An impl with a context (``ImplSpec.context``, torch_cp's ``context_parallel``) has
+it opened once around each loop (verification; each timing loop's warm-up and timed iterations
+together), as its users run it, not per iteration; each entry's time is kept (``context_entry_s``).
+
+T1 and the reference come from ``single`` (each backend in a child process), or from the sweep's
+store (``reuse``) when an earlier job of the sweep measured the same case."""
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -23,7 +30,9 @@ from sweepbench.attention.dilated import branches_of
 from sweepbench.attention.ops import backends_for
 from sweepbench.attention.placement import shard_sequence, unshard_sequence
 from sweepbench.attention.registry import get_impl
-from sweepbench.attention.scaling import Shape, attention_flops, make_inputs, mismatch, peak_tflops, single_device
+from sweepbench.attention.reuse import SweepStore
+from sweepbench.attention.scaling import Shape, attention_flops, make_inputs, mismatch, peak_tflops
+from sweepbench.attention.single import T1Case, t1_and_reference
 from sweepbench.benchmarks.base import VerificationError
 from sweepbench.measure import summarize, time_iterations
 from sweepbench.measure.memory import memory_peaks, reset_peaks
@@ -48,153 +57,138 @@ def _broadcast(obj: Any) -> Any:
     return box[0]
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _candidates(device: torch.device, dtype: torch.dtype) -> list[str]:
     names = backends_for(device.type, dtype)
     best = default_sdpa_backend(device, dtype)
     return [n for n in names if n != "cudnn" or best == "cudnn"]  # cuDNN only where it is enabled
 
 
-def single_device_times(rank: int, inputs: list[torch.Tensor], *, device: torch.device, causal: bool,
-                        backward: bool, pattern: str, branches: Any, iters: int) -> tuple[dict[str, Any], Any]:
-    """Rank 0 times the whole sequence with each SDPA backend that runs it (the other ranks wait;
-    a backend that raises, out of memory included, is left out, and none left fails the job);
-    returns {backend: stats}, and on rank 0 the reference (out, dq, dk, dv) of the fastest."""
-    q, k, v, dout = inputs
-    leaves = _leaves(q, k, v)
-
-    def step(name: str) -> Callable[[], torch.Tensor]:
-        def run() -> torch.Tensor:
-            _clear(leaves)
-            out = single_device(*leaves, backend=name, causal=causal, pattern=pattern, branches=branches)
-            if backward:
-                out.backward(dout)
-            return out
-        return run
-
-    ok: list[str] = []
-    refused: dict[str, str] = {}
-    if rank == 0:
-        for name in _candidates(device, q.dtype):
-            try:
-                step(name)()
-                ok.append(name)
-            except RuntimeError as err:  # a backend that refuses this shape (or runs out of memory) is no candidate
-                refused[name] = str(err).splitlines()[0][:200]
-                print(f"attention: SDPA backend {name} cannot run this case: {refused[name]}", flush=True)
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-    ok, refused = _broadcast((ok, refused))
-    if not ok:
-        raise RuntimeError(f"the whole sequence does not run on one device with any SDPA backend, so there is "
-                           f"no T1 and no reference: {refused}")
-    stats = {}
-    for name in ok:
-        run = step(name) if rank == 0 else (lambda: None)
-        stats[name] = summarize(time_iterations(run, warmup=1, iters=iters, device=device))
-    reference = None
-    if rank == 0 and ok:
-        best = min(ok, key=lambda n: stats[n]["median_s"])
-        out = step(best)().detach()
-        reference = (out, *(x.grad for x in leaves)) if backward else (out,)
-    return stats, reference
-
-
 def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, batch: int, heads: int, kv_heads: int,
              head_dim: int, seq_len: int, dtype: str, causal: bool, backward: bool, impl: str, pattern: str,
              segment_lengths: list[int], dilation_rates: list[int], sdpa_backend: str, rotate_method: str,
-             warmup: int, iters: int, t1_iters: int) -> tuple[dict[str, Any], dict[str, float]]:
+             warmup: int, iters: int, t1_iters: int, t1_fault: str = "",
+             store: SweepStore | None = None) -> tuple[dict[str, Any], dict[str, float]]:
+    phase_s: dict[str, float] = {}
+    tic = time.perf_counter()
     dt = getattr(torch, dtype)
     shape = Shape(batch, heads, kv_heads, seq_len, head_dim)
     branches = branches_of(segment_lengths, dilation_rates)
     inputs = make_inputs(shape, dtype=dt, device=device, seed=seed)
-    t1_stats, reference = single_device_times(rank, inputs, device=device, causal=causal, backward=backward,
-                                              pattern=pattern, branches=branches, iters=t1_iters)
+    t1_case = T1Case(batch, heads, kv_heads, seq_len, head_dim, dtype, str(device), seed, causal, backward, pattern,
+                     [[b.segment, b.rate] for b in branches] if pattern == "dilated" else [], t1_iters,
+                     torch.get_num_threads())
+    t1, reference, t1_reused = t1_and_reference(rank, inputs, t1_case, candidates=_candidates(device, dt),
+                                                fault=t1_fault, store=store)
+    t1_stats = t1["stats"]
     t1_backend = min(t1_stats, key=lambda n: t1_stats[n]["median_s"])
     backend = t1_backend if sdpa_backend == "auto" else sdpa_backend
     spec = get_impl(impl)
     steps = 3 + spec.own_comm  # T1, verified, timed, and the same without communication
-    case_done(f"T1 (one device, {t1_backend}): {t1_stats[t1_backend]['median_s'] * 1e3:.3g} ms", total=steps)
+    phase_s["t1_and_reference"] = time.perf_counter() - tic
+    case_done(f"T1 (one device, {t1_backend}): {t1_stats[t1_backend]['median_s'] * 1e3:.3g} ms"
+              f"{' (reused from the sweep)' if t1_reused else ''}", total=steps)
+    tic = time.perf_counter()
     mine = [shard_sequence(x, dim=2, rank=rank, world_size=world_size, placement=spec.placement) for x in inputs]
+    del inputs
     leaves, ldout = _leaves(*mine[:3]), mine[3]
     comm = Comm()
+    entries: list[float] = []
+
+    @contextmanager
+    def opened() -> Iterator[None]:
+        """The impl's context (torch_cp's) entered once around a whole loop, warm-up and timed
+        iterations, as its users run it (a null context for impls without one); its entry is timed."""
+        _sync(device)
+        start = time.perf_counter()
+        with cp_context(impl, comm=comm, seq_len=seq_len, device=device, rotate_method=rotate_method):
+            _sync(device)
+            entries.append(time.perf_counter() - start)
+            yield
 
     def forward(c: Comm) -> torch.Tensor:
         return cp_attention(*leaves, impl=impl, causal=causal, sdpa_backend=backend, pattern=pattern,
                             segment_lengths=segment_lengths, dilation_rates=dilation_rates, comm=c)
 
-    def context() -> Any:
-        return cp_context(impl, comm=comm, seq_len=seq_len, device=device, rotate_method=rotate_method)
-
     def total(c: Comm) -> Callable[[], torch.Tensor]:
         def run() -> torch.Tensor:  # forward and backward; the output (verification reads it)
             _clear(leaves)
-            with context():
-                out = forward(c)
-                if backward:
-                    out.backward(ldout)
+            out = forward(c)
+            if backward:
+                out.backward(ldout)
             return out
         return run
 
     # verify once, before any time counts: the output and gradients of one forward and backward
-    out = total(comm)().detach()
+    with opened():
+        out = total(comm)().detach()
     got = [out, *(x.grad for x in leaves)] if backward else [out]
-    gathered = [unshard_sequence(list(comm.all_gather(x)), dim=2, world_size=world_size, placement=spec.placement)
-                for x in got]
-    errors = [] if rank else [e for n, g, w in zip(("out", "dq", "dk", "dv"), gathered, reference)
-                              if (e := mismatch(n, g, w))]
+    errors = []
+    for name, x, want in zip(("out", "dq", "dk", "dv"), got, reference or [None] * len(got)):
+        whole = unshard_sequence(list(comm.all_gather(x)), dim=2, world_size=world_size, placement=spec.placement)
+        if rank == 0 and (e := mismatch(name, whole, want)):
+            errors.append(e)
+        del whole
     errors = _broadcast(errors)
     if errors:
         raise VerificationError(f"impl={impl} W={world_size} seq_len={seq_len}: " + "; ".join(errors))
-    del gathered, got, out
+    del got, out, reference
+    phase_s["verify"] = time.perf_counter() - tic
     case_done(f"{impl} W={world_size} verified against T1", total=steps)
+    tic = time.perf_counter()
 
     holder: dict[str, torch.Tensor] = {}
 
-    def fwd_only() -> None:
-        with context():
-            forward(comm)
-
     def prepare_bwd() -> None:
         _clear(leaves)
-        with context():
-            holder["out"] = forward(comm)
+        holder["out"] = forward(comm)
 
     def bwd_only() -> None:
-        with context():
-            holder.pop("out").backward(ldout)
+        holder.pop("out").backward(ldout)
 
-    fwd = time_iterations(fwd_only, warmup=warmup, iters=iters, device=device)
-    bwd = time_iterations(bwd_only, warmup=warmup, iters=iters, device=device, before=prepare_bwd) if backward else []
+    with opened():
+        fwd = time_iterations(lambda: forward(comm), warmup=warmup, iters=iters, device=device)
+    with opened():
+        bwd = time_iterations(bwd_only, warmup=warmup, iters=iters, device=device,
+                              before=prepare_bwd) if backward else []
     own: list[float] = []
     step = total(comm)
 
     def timed_step() -> None:  # this rank's own time as well (the slowest rank's is what counts)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        tic = time.perf_counter()
+        _sync(device)
+        start = time.perf_counter()
         step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        own.append(time.perf_counter() - tic)
+        _sync(device)
+        own.append(time.perf_counter() - start)
 
     reset_peaks(device)
-    tot = time_iterations(timed_step, warmup=warmup, iters=iters, device=device)
+    with opened():
+        tot = time_iterations(timed_step, warmup=warmup, iters=iters, device=device)
     memory = memory_peaks(device)
     tot_stats = summarize(tot)
     case_done(f"{impl} W={world_size} timed: {tot_stats['median_s'] * 1e3:.3g} ms", total=steps)
-    no_comm = (time_iterations(total(LocalComm()), warmup=warmup, iters=iters, device=device)
-               if spec.own_comm else None)
-    if no_comm is not None:
+    no_comm = None
+    if spec.own_comm:
+        with opened():
+            no_comm = time_iterations(total(LocalComm()), warmup=warmup, iters=iters, device=device)
         case_done(f"{impl} W={world_size} timed without communication", total=steps)
+    phase_s["timing"] = time.perf_counter() - tic
     own_median = summarize(own[-iters:])["median_s"]
     per_rank = [None] * world_size
     dist.all_gather_object(per_rank, {"total_median_s": own_median, **memory})
+    worst = torch.tensor(entries, dtype=torch.float64, device=device)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # each entry as the slowest rank saw it
+    context_entries = worst.tolist()
     return _report(locals())
 
 
 def _report(v: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
     """The case dict (metrics.json) and the summary (results.csv, wandb) of ``run_case``'s locals."""
-    w, shape, device = v["world_size"], v["shape"], v["device"]
+    w, shape, device, spec = v["world_size"], v["shape"], v["device"], v["spec"]
     stats = {"fwd": summarize(v["fwd"]), "total": v["tot_stats"]}
     if v["backward"]:
         stats["bwd"] = summarize(v["bwd"])
@@ -220,6 +214,12 @@ def _report(v: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
         "times_s": v["tot"], **stats["total"], **{f"{k}_{s}": x for k, st in stats.items() for s, x in st.items()},
         "per_rank": v["per_rank"], "t1_backend": v["t1_backend"], "t1_s": t1,
         "t1_backends": {n: s["median_s"] for n, s in v["t1_stats"].items()},
+        "t1_refused": v["t1"]["refused"],  # backend -> why it cannot run this case (its probe failed or died)
+        "t1_reused": v["t1_reused"], "reference_reused": v["t1_reused"],  # from an earlier job of the sweep
+        "t1_iters": v["t1_iters"], "phase_s": v["phase_s"],  # wall seconds of T1+reference, verify, timing
+        # an impl with a context (torch_cp): entered once around each loop, warm-up and timed iterations
+        "context_entries": len(v["context_entries"]) if spec.context else None,
+        "context_entry_s": statistics.median(v["context_entries"]) if spec.context else None,
         "efficiency": t1 / (w * t), "flop_count": flops, "flop_count_note": FLOP_NOTE,
         "tflops": flops / t / 1e12, "tflops_per_gpu": per_gpu, "device_peak_tflops": peak,
         "tokens_per_s": shape.batch * shape.seq_len / t,
@@ -236,5 +236,8 @@ def _report(v: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
         summary["bwd_median_ms"] = stats["bwd"]["median_s"] * 1e3
     if exposed is not None:
         summary["exposed_comm_fraction"] = case["exposed_comm_fraction"]
+    if spec.context:
+        summary["context_entry_ms"] = case["context_entry_s"] * 1e3
+    summary["t1_reused"] = float(v["t1_reused"])
     assert all(math.isfinite(x) for x in summary.values())
     return case, summary

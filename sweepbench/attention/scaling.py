@@ -55,16 +55,19 @@ def single_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend:
 def mismatch(name: str, got: torch.Tensor, want: torch.Tensor) -> str | None:
     """None if ``got`` matches ``want`` within the dtype's tolerance, else a one-line account."""
     atol, rtol = TOLERANCES[want.dtype]
-    g, w = got.float(), want.float()
-    limit = atol + rtol * w.abs()
-    bad = (g - w).abs() > limit
+    w = want.float()
+    limit = w.abs().mul_(rtol).add_(atol)
+    err = (got.float() - w).abs_()  # the error and the limit computed once each (fp32)
+    del w
+    bad = err > limit
     if not bad.any():
         return None
-    if (want.dtype != torch.float32 and int(bad.sum()) <= STRAY_FRACTION * bad.numel()
-            and not ((g - w).abs() > STRAY_FACTOR * limit).any()):
+    num_bad = int(bad.sum())
+    if (want.dtype != torch.float32 and num_bad <= STRAY_FRACTION * bad.numel()
+            and not (err > STRAY_FACTOR * limit).any()):
         return None
-    return (f"{name}: {int(bad.sum())} of {bad.numel()} elements off (max abs err "
-            f"{(g - w).abs().max().item():.3g}, atol {atol}, rtol {rtol})")
+    return (f"{name}: {num_bad} of {bad.numel()} elements off (max abs err "
+            f"{err.max().item():.3g}, atol {atol}, rtol {rtol})")
 
 
 def attention_flops(shape: Shape, *, causal: bool, backward: bool, pattern: str,

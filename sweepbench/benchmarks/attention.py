@@ -1,8 +1,9 @@
 """Context-parallel attention scaling (``sweepbench/attention/`` is the engine): ring size =
 ``parallelism.cp``, shape from the model group, one impl per job, dense or dilated.
 
-Per job: rank 0 times the whole sequence on one device with every SDPA backend that runs there
-(T1 = the fastest; its output and grads are the reference); every rank then runs the impl on its
+Per job: rank 0 times the whole sequence on one device with every SDPA backend that runs there,
+each in a child process (T1 = the fastest; its output and grads are the reference; both kept in
+the sweep directory for the sweep's later jobs of the same case); every rank then runs the impl on its
 tokens once, output and dq/dk/dv are gathered back to sequence order and checked against the
 reference (a mismatch fails the job); then fwd, bwd and fwd+bwd are timed (slowest rank), the same
 schedule again with its communication replaced by local copies (exposed communication = the
@@ -20,6 +21,7 @@ from sweepbench.benchmarks.registry import register
 from sweepbench.config.schema import BenchmarkConfig
 
 DTYPES = ("", "float32", "bfloat16", "float16")
+T1_FAULTS = ("", "exit", "kill", "raise", "segfault")
 
 
 @dataclass
@@ -37,6 +39,8 @@ class AttentionConfig(BenchmarkConfig):
     sdpa_backend: str = "auto"  # auto (T1's fastest) | cpu_flash | cudnn | flash | efficient
     rotate_method: str = "allgather"  # torch_cp's K/V rotation: allgather | alltoall
     t1_iters: int = 3  # timed iterations of each single-device backend (rank 0)
+    # test knob: exit | kill | raise | segfault: a first T1 candidate "fault" whose probe process does that
+    t1_fault: str = ""
     seed: int = 0
 
 
@@ -58,6 +62,8 @@ class AttentionBenchmark(Benchmark):
         b, m, w = cfg.benchmark, cfg.model, cfg.parallelism.cp
         if b.dtype not in DTYPES:
             raise ValueError(f"benchmark.dtype={b.dtype!r}; valid: float32, bfloat16, float16 or '' (the model's)")
+        if b.t1_fault not in T1_FAULTS:
+            raise ValueError(f"benchmark.t1_fault={b.t1_fault!r}; valid: '' (off), exit, kill, raise, segfault")
         if b.rotate_method not in ("allgather", "alltoall"):
             raise ValueError(f"benchmark.rotate_method={b.rotate_method!r}; valid: allgather, alltoall")
         if cfg.parallelism.tp * cfg.parallelism.pp * cfg.parallelism.dp * cfg.parallelism.ep != 1:
@@ -76,16 +82,19 @@ class AttentionBenchmark(Benchmark):
                 Headline("exposed_comm_fraction", f"exposed comm / time {at}")]
 
     def run(self) -> BenchmarkResult:
+        from sweepbench.attention.reuse import SweepStore
         from sweepbench.attention.runner import run_case
 
         ctx, cfg, m = self.ctx, self.cfg, self.ctx.cfg.model
+        store = SweepStore.of_job(ctx.job_dir, force=ctx.cfg.sweep.force) if ctx.rank == 0 else None
         case, summary = run_case(
             rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, seed=cfg.seed,
             batch=cfg.batch_size, heads=m.num_heads, kv_heads=m.num_kv_heads, head_dim=m.hidden_size // m.num_heads,
             seq_len=cfg.seq_len, dtype=cfg.dtype or m.dtype, causal=cfg.causal, backward=cfg.backward,
             impl=cfg.impl, pattern=cfg.pattern, segment_lengths=list(cfg.segment_lengths),
             dilation_rates=list(cfg.dilation_rates), sdpa_backend=cfg.sdpa_backend,
-            rotate_method=cfg.rotate_method, warmup=cfg.warmup, iters=cfg.iters, t1_iters=cfg.t1_iters)
+            rotate_method=cfg.rotate_method, warmup=cfg.warmup, iters=cfg.iters, t1_iters=cfg.t1_iters,
+            t1_fault=cfg.t1_fault, store=store)
         return BenchmarkResult(cases=[case], summary=summary, verified=case["verified"],
                                extra={"flop_count": case["flop_count_note"]})
 

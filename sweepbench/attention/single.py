@@ -1,0 +1,209 @@
+"""T1: the whole sequence on one device, timed with every SDPA backend that runs it, each backend
+probed and timed in a child process of rank 0 (a fresh interpreter, ``python -m
+sweepbench.attention.single``), so that a backend that kills its process or poisons the CUDA
+context (``an illegal memory access``) is left out with its reason and the job goes on.
+
+The child rebuilds the inputs from the seed (``make_inputs``: the same values as the ranks'),
+runs each backend once (the probe, which is also its warm-up), then times ``iters`` iterations
+with the benchmark's timing loop (a process group of one). It reports one JSON line per event on
+stdout; after a backend fails it exits (its CUDA context may be poisoned) and the parent starts a
+fresh child for the backends left. ``fault`` (``benchmark.t1_fault``) adds a first candidate named
+``fault`` whose probe does that to its process (exit, kill, raise, segfault): the check that a
+dying backend is survived."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from sweepbench.attention.reuse import SweepStore
+
+PREFIX = "t1-probe "
+FAULT = "fault"
+
+
+@dataclass(frozen=True)
+class T1Case:
+    """What the child needs to rebuild the inputs and run the whole sequence on one device."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    seq_len: int
+    head_dim: int
+    dtype: str
+    device: str  # "cpu" or "cuda:N"
+    seed: int
+    causal: bool
+    backward: bool
+    pattern: str
+    branches: list[list[int]]  # (segment, rate) of each dilated branch
+    iters: int
+    num_threads: int
+
+
+def _why_died(returncode: int) -> str:
+    if returncode < 0:
+        return f"killed by {signal.Signals(-returncode).name}"
+    return f"exit code {returncode}"
+
+
+def probe_backends(case: T1Case, candidates: list[str], *,
+                   fault: str = "") -> tuple[dict[str, list[float]], dict[str, str]]:
+    """({backend: per-iteration seconds} of the backends that ran, {backend: why not} of the others)."""
+    todo = ([FAULT] if fault else []) + list(candidates)
+    times: dict[str, list[float]] = {}
+    refused: dict[str, str] = {}
+    while todo:
+        spec = json.dumps({"case": asdict(case), "backends": todo, "fault": fault, "parent": os.getpid()})
+        proc = subprocess.run([sys.executable, "-m", "sweepbench.attention.single"], input=spec,
+                              stdout=subprocess.PIPE, text=True, check=False)
+        current: str | None = None
+        for line in proc.stdout.splitlines():
+            if not line.startswith(PREFIX):
+                continue
+            kind, name, value = json.loads(line[len(PREFIX):])
+            if kind == "start":
+                current = name
+                continue
+            current = None
+            todo.remove(name)
+            if kind == "ok":
+                times[name] = value
+            else:
+                refused[name] = value
+        if current is not None:  # it died while running this backend
+            refused[current] = f"its probe process died ({_why_died(proc.returncode)})"
+            todo.remove(current)
+        elif todo and proc.returncode != 0:  # it died before trying any: nothing would go better next time
+            refused.update({n: f"the probe process failed ({_why_died(proc.returncode)})" for n in todo})
+            todo = []
+    for name, why in refused.items():
+        print(f"attention: SDPA backend {name} cannot run this case: {why}", flush=True)
+    return times, refused
+
+
+def t1_and_reference(rank: int, inputs: list["torch.Tensor"], case: T1Case, *, candidates: list[str], fault: str,
+                     store: "SweepStore | None") -> tuple[dict[str, Any], list["torch.Tensor"] | None, bool]:
+    """T1 ({"stats": {backend: stats}, "refused": {backend: why}}, on every rank), the reference
+    (out, dq, dk, dv) of T1's fastest backend (rank 0; None elsewhere) and whether both came from
+    the sweep's store. No backend left fails the job."""
+    import torch
+
+    from sweepbench.attention.dilated import Branch
+    from sweepbench.attention.reuse import software_key
+    from sweepbench.attention.scaling import single_device
+    from sweepbench.measure import summarize
+
+    t1, reference, reused = None, None, False
+    if rank == 0:
+        device = inputs[0].device
+        key = {**{k: v for k, v in asdict(case).items() if k not in ("device", "num_threads")},
+               "candidates": candidates, "fault": fault, **software_key(device)}
+        with store.entry(key) if store else nullcontext() as entry:
+            t1 = entry.t1() if entry else None
+            reference = entry.reference(device) if t1 else None
+            reused = reference is not None
+            if not reused:
+                times, refused = probe_backends(case, candidates, fault=fault)
+                t1 = {"stats": {n: summarize(t) for n, t in times.items()}, "refused": refused}
+                if times:  # the reference: T1's fastest backend, in this process (it ran in its child)
+                    best = min(times, key=lambda n: t1["stats"][n]["median_s"])
+                    q, k, v = (x.detach().clone().requires_grad_() for x in inputs[:3])
+                    out = single_device(q, k, v, backend=best, causal=case.causal, pattern=case.pattern,
+                                        branches=tuple(Branch(s, r) for s, r in case.branches))
+                    if case.backward:
+                        out.backward(inputs[3])
+                    reference = [out.detach(), q.grad, k.grad, v.grad] if case.backward else [out.detach()]
+                    if entry:
+                        entry.save(t1, reference)
+    box = [(t1, reused)]
+    torch.distributed.broadcast_object_list(box, src=0)
+    t1, reused = box[0]
+    if not t1["stats"]:
+        raise RuntimeError(f"the whole sequence does not run on one device with any SDPA backend, so there is "
+                           f"no T1 and no reference: {t1['refused']}")
+    return t1, reference, reused
+
+
+def _say(kind: str, name: str, value: Any) -> None:
+    print(PREFIX + json.dumps([kind, name, value]), flush=True)
+
+
+def _do_fault(kind: str) -> None:
+    if kind == "exit":
+        os._exit(3)
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "segfault":
+        ctypes.string_at(0)
+    raise RuntimeError(f"injected fault: benchmark.t1_fault={kind}")
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this child when its rank dies (the launcher SIGKILLs ranks on a failure or time-out)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _child(spec: dict[str, Any]) -> None:
+    _die_with_parent(spec["parent"])
+    import torch
+    import torch.distributed as dist
+
+    from sweepbench.attention.dilated import Branch
+    from sweepbench.attention.scaling import Shape, make_inputs, single_device
+    from sweepbench.measure import time_iterations
+
+    c = T1Case(**spec["case"])
+    torch.set_num_threads(c.num_threads)
+    device = torch.device(c.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # the timing loop's group
+    q, k, v, dout = make_inputs(Shape(c.batch, c.heads, c.kv_heads, c.seq_len, c.head_dim),
+                                dtype=getattr(torch, c.dtype), device=device, seed=c.seed)
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    branches = tuple(Branch(s, r) for s, r in c.branches)
+    for name in spec["backends"]:
+        _say("start", name, None)
+
+        def run() -> None:
+            for x in leaves:
+                x.grad = None
+            if name == FAULT:
+                _do_fault(spec["fault"])
+            out = single_device(*leaves, backend=name, causal=c.causal, pattern=c.pattern, branches=branches)
+            if c.backward:
+                out.backward(dout)
+
+        try:
+            run()  # the probe, and the warm-up of the timing
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times = time_iterations(run, warmup=0, iters=c.iters, device=device)
+            assert all(math.isfinite(t) and t > 0 for t in times), times
+        except Exception as err:  # noqa: BLE001 - a backend that refuses this case (or runs out of memory)
+            _say("refused", name, str(err).splitlines()[0][:200] if str(err) else type(err).__name__)
+            return  # a failed CUDA call may have poisoned the context: a fresh child tries the rest
+        _say("ok", name, times)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _child(json.loads(sys.stdin.read()))

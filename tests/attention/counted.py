@@ -1,0 +1,68 @@
+"""Rank functions of tests/attention/test_single.py (module level, so that spawned gloo ranks
+import them): an impl with a context, registered for the tests only (the ring inside a context
+that counts its entries and says whether it is open: torch_cp's structure on CPU/gloo), and a
+case run against a sweep's store of T1 and the reference."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from sweepbench.attention import impls
+from sweepbench.attention.registry import IMPLS, ImplSpec, register_impl
+
+NAME = "counted_ring"
+COUNTS = {"entries": 0, "open": 0, "calls": 0, "calls_outside": 0}
+
+
+@contextmanager
+def counted_context(comm: Any, *, seq_len: int, device: torch.device, **_: Any) -> Iterator[None]:
+    COUNTS["entries"] += 1
+    COUNTS["open"] += 1
+    try:
+        yield
+    finally:
+        COUNTS["open"] -= 1
+
+
+def counted_attention(q, k, v, **kw: Any) -> torch.Tensor:
+    COUNTS["calls"] += 1
+    COUNTS["calls_outside"] += COUNTS["open"] == 0
+    return impls.ring(q, k, v, **kw)
+
+
+if NAME not in IMPLS:
+    register_impl(ImplSpec(NAME, "zigzag", f"{__name__}:counted_attention", "the ring, inside a counted context",
+                           context=f"{__name__}:counted_context"))
+
+
+def run_counted(rank: int, world_size: int, warmup: int, iters: int) -> tuple[dict[str, Any], dict[str, int]]:
+    from sweepbench.attention.runner import run_case
+
+    COUNTS.update(entries=0, open=0, calls=0, calls_outside=0)
+    case, _ = run_case(rank=rank, world_size=world_size, device=torch.device("cpu"), seed=0, batch=1, heads=2,
+                       kv_heads=2, head_dim=8, seq_len=32, dtype="float32", causal=True, backward=True, impl=NAME,
+                       pattern="dense", segment_lengths=[], dilation_rates=[], sdpa_backend="auto",
+                       rotate_method="allgather", warmup=warmup, iters=iters, t1_iters=1)
+    return case, dict(COUNTS)
+
+
+def run_stored(rank: int, world_size: int, sweep_dir: str) -> tuple[bool, str | None]:
+    """One ring case with rank 0 reading and writing the store of ``sweep_dir``: (T1 reused, the
+    verification error or None)."""
+    from sweepbench.attention.reuse import SweepStore
+    from sweepbench.attention.runner import run_case
+    from sweepbench.benchmarks.base import VerificationError
+
+    store = SweepStore(Path(sweep_dir), force=False) if rank == 0 else None
+    try:
+        case, _ = run_case(rank=rank, world_size=world_size, device=torch.device("cpu"), seed=0, batch=1, heads=2,
+                           kv_heads=2, head_dim=8, seq_len=32, dtype="float32", causal=True, backward=True,
+                           impl="ring", pattern="dense", segment_lengths=[], dilation_rates=[], sdpa_backend="auto",
+                           rotate_method="allgather", warmup=1, iters=1, t1_iters=1, store=store)
+    except VerificationError as err:
+        return False, str(err)
+    return case["t1_reused"], None

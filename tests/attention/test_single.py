@@ -1,0 +1,87 @@
+"""T1 and the reference: each SDPA backend probed in its own process (a backend that kills its
+process is left out, the job goes on), both kept in the sweep directory and reused by the
+sweep's later jobs (re-measured under sweep.force=true), and an impl's context (torch_cp's
+structure) entered once per loop, not per iteration."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.attention.test_benchmark import FAST, _case
+from tests.conftest import run_sweepbench
+
+
+def test_context_entered_once_per_loop(worlds: Any) -> None:
+    from tests.attention.counted import run_counted
+
+    warmup, iters = 2, 3
+    for case, counts in worlds.get(2).run(run_counted, warmup, iters):
+        # verification, then fwd, bwd, fwd+bwd and fwd+bwd without communication: one entry each
+        assert counts["entries"] == 5 == case["context_entries"], counts
+        assert counts["calls"] == 1 + 4 * (warmup + iters) and counts["calls_outside"] == 0, counts
+        assert counts["open"] == 0
+        assert case["verified"] and case["context_entry_s"] >= 0
+
+
+def test_a_reused_reference_is_what_verification_checks(worlds: Any, tmp_path: Path) -> None:
+    """The stored reference is the one the result is checked against: spoil it and the next job's
+    verification fails (reuse keeps the guarantee; it does not skip the check)."""
+    import torch
+
+    from tests.attention.counted import run_stored
+
+    (tmp_path / "multirun.yaml").write_text("{}\n")
+    world = worlds.get(2)
+    assert world.run(run_stored, str(tmp_path)) == [(False, None)] * 2  # measured and stored
+    assert world.run(run_stored, str(tmp_path)) == [(True, None)] * 2  # reused, verified
+    [entry] = (tmp_path / ".sweepbench-cache" / "attention").iterdir()
+    out, dq, dk, dv = torch.load(entry / "reference.pt")
+    torch.save([out, dq + 1.0, dk, dv], entry / "reference.pt")
+    results = world.run(run_stored, str(tmp_path))
+    assert all(not reused and err and "dq: 512 of 512 elements off" in err for reused, err in results), results
+
+
+def test_t1_probe_survives_a_dying_backend(tmp_path: Path) -> None:
+    run = run_sweepbench([*FAST, "parallelism=cp1", "benchmark.seq_len=64", "benchmark.t1_fault=kill,raise"],
+                         sweep_dir=tmp_path / "sweep")
+    assert run.rc == 0, run.describe()
+    why = {}
+    for m in run.all_metrics().values():
+        case = _case(m)
+        assert case["t1_backend"] == "cpu_flash" and set(case["t1_backends"]) == {"cpu_flash"}
+        assert set(case["t1_refused"]) == {"fault"}
+        why[m["config"]["benchmark"]["t1_fault"]] = case["t1_refused"]["fault"]
+    assert why == {"kill": "its probe process died (killed by SIGKILL)",
+                   "raise": "injected fault: benchmark.t1_fault=raise"}
+
+
+def _t1(run: Any) -> dict[str, dict[str, Any]]:
+    return {_case(m)["impl"]: _case(m) for m in run.all_metrics().values()}
+
+
+def test_t1_and_reference_reused_in_the_sweep_and_remeasured_under_force(tmp_path: Path) -> None:
+    args = [*FAST, "parallelism=cp2", "benchmark.seq_len=64", "benchmark.impl=ring,allgather"]
+    first = run_sweepbench(args, sweep_dir=tmp_path / "sweep")
+    assert first.rc == 0, first.describe()
+    cases = _t1(first)
+    assert sorted(c["t1_reused"] for c in cases.values()) == [False, True]  # the second job reused the first's
+    assert all(c["reference_reused"] == c["t1_reused"] for c in cases.values())
+    measured = next(c for c in cases.values() if not c["t1_reused"])
+    assert all(c["t1_backends"] == measured["t1_backends"] for c in cases.values())
+    [entry] = (tmp_path / "sweep" / ".sweepbench-cache" / "attention").iterdir()
+    meta = json.loads((entry / "entry.json").read_text())
+    assert meta["t1"]["stats"]["cpu_flash"]["median_s"] == measured["t1_s"]
+    assert meta["key"]["seq_len"] == 64 and meta["key"]["torch"] and (entry / "reference.pt").is_file()
+    rows = first.results()
+    assert sorted(rows["t1_reused"]) == [0.0, 1.0]
+
+    again = run_sweepbench([*args, "sweep.force=true"], sweep_dir=tmp_path / "sweep")
+    assert again.rc == 0, again.describe()
+    redo = _t1(again)
+    assert sorted(c["t1_reused"] for c in redo.values()) == [False, True]  # measured anew once, then reused
+    remeasured = next(c for c in redo.values() if not c["t1_reused"])
+    assert remeasured["t1_backends"] != measured["t1_backends"]
+    assert all(c["verified"] for c in redo.values())
+    assert json.loads((entry / "entry.json").read_text())["run"] != meta["run"]
