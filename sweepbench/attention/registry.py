@@ -106,8 +106,9 @@ def why_not(impl: str, *, device_type: str, world_size: int, num_heads: int, pat
     if spec.causal_only and not causal:
         return f"impl={impl} balances load only under a causal mask; use causal=true " \
                f"(non-causal: {others(lambda s: not s.causal_only)})"
-    if spec.heads_divisor and num_heads % spec.heads_divisor(world_size):
-        return (f"impl={impl} needs model.num_heads={num_heads} divisible by {spec.heads_divisor(world_size)} "
-                f"at W={world_size} (use another cp, or impl="
+    d = spec.heads_divisor(world_size) if spec.heads_divisor else 1
+    if num_heads % d:
+        what = "the ring size" if d == world_size else f"its Ulysses degree at W={world_size},"
+        return (f"impl={impl} needs model.num_heads={num_heads} divisible by {what} {d} (use another cp, or impl="
                 f"{others(lambda s: not s.heads_divisor or num_heads % s.heads_divisor(world_size) == 0)})")
     return None

@@ -138,3 +138,14 @@ def test_local_comm_runs_the_schedule_but_not_the_answer() -> None:
     want = shard_sequence(math_attention(q, k, v, causal=True, scale=8 ** -0.5), dim=2, rank=1, world_size=2,
                           placement="zigzag")
     assert mismatch("out", out, want) is not None
+
+
+def test_usp_needs_heads_divisible_by_its_ulysses_degree() -> None:
+    from sweepbench.attention.registry import why_not
+
+    kw = {"device_type": "cpu", "pattern": "dense", "causal": True}
+    assert why_not("usp", world_size=4, num_heads=6, **kw) is None  # 2 groups of 2: 6 heads split over 2
+    msg = why_not("usp", world_size=8, num_heads=6, **kw)  # groups of 4
+    assert msg is not None and msg.startswith("impl=usp needs model.num_heads=6 divisible by its Ulysses degree "
+                                              "at W=8, 4 (use another cp, or impl=ring, ring_naive, allgather")
+    assert why_not("usp", world_size=2, num_heads=3, **kw) is None  # W=2: a plain ring
