@@ -1,16 +1,18 @@
-"""Profile and time one fwd+bwd of context-parallel attention impls at one sequence length, in one launch.
+"""Profile and time fwd+bwd of context-parallel attention impls at given sequence lengths, in one launch.
 
     torchrun --nproc-per-node 2 bench/gpu/profile_attention.py --seq-len 16384,32768 \
         --impls ring,ulysses,torch_cp --kv-heads 32,8 --out DIR
     # on a CPU (gloo, tiny): --device cpu --seq-len 256 --heads 4 --head-dim 16 --dtype float32
 
-For each sequence length x kv-heads x impl (one launch: start-up paid once): every rank checks its output against the single-device result (rank 0,
-the forward only), times fwd+bwd (median of --iters after --warmup, slowest rank) with real
-communication and, where the impl communicates through sweepbench's Comm, with it replaced by local
-copies (exposed comm = the difference), then, at the first sequence length only, records --profile-iters steps with torch.profiler:
-one Chrome trace per rank, DIR/<impl>_<seq>_kv<kv>.rank<r>.pt.trace.json.gz. Rank 0 prints a table
-(T1 = one device, cuDNN where it runs; efficiency = T1 / (W * T_W)) and writes DIR/summary.txt with
-bench/gpu/trace_top.py's summary of each rank-0 trace."""
+For each sequence length x kv-heads x impl (one launch: start-up paid once): rank 0 checks the
+gathered output against the single-device result (forward only); fwd+bwd is timed (median of
+--iters after --warmup, slowest rank) with real communication and, where the impl communicates
+through sweepbench's Comm, with it replaced by local copies (exposed comm = the difference); at
+the first sequence length, --profile-iters steps are recorded with torch.profiler, one Chrome
+trace per rank: DIR/<impl>_<seq>_kv<kv>.rank<r>.pt.trace.json.gz. Rank 0 prints a table (T1 = one
+device, same SDPA backend; efficiency = T1 / (W * T_W)) and writes DIR/summary.txt with
+bench/gpu/trace_top.py's summary of each rank-0 trace. The verified numbers for results pages come
+from the benchmark (bench/gpu/attention_2gpu.yaml); this is the quick look."""
 
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-for _k, _v in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}.items():
-    os.environ.setdefault(_k, _v)  # NVLink multicast stays off on lent machines (KINDS.md)
+GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+for _k, _v in GPU_ENV.items():
+    os.environ.setdefault(_k, _v)  # NVLink multicast stays off on lent machines
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -50,12 +53,13 @@ def _step(fn, leaves, dout):
 
 
 def _median_ms(step, args, device) -> float:
-    return summarize(time_iterations(step, warmup=args.warmup, iters=args.iters, device=device))["median_s"] * 1e3
+    times = time_iterations(step, warmup=args.warmup, iters=args.iters, device=device)
+    return summarize(times)["median_s"] * 1e3
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seq-len", required=True, help="tokens of the whole sequence, comma-separated; traces at the first")
+    p.add_argument("--seq-len", required=True, help="tokens of the whole sequence, comma-separated (traced: the first)")
     p.add_argument("--impls", default="ring,ulysses,torch_cp")
     p.add_argument("--kv-heads", default="32,8", help="comma-separated: one run per value (32 = MHA)")
     p.add_argument("--heads", type=int, default=32)

@@ -77,8 +77,10 @@ def _exchange(opt: RingOptions, send: KV, recv: KV, *, reverse: bool = False) ->
     return pending
 
 
-def _empty(like: KV, dtype: torch.dtype | None = None) -> KV:
-    return tuple(torch.empty(x.shape, dtype=dtype or x.dtype, device=x.device) for x in like)  # type: ignore[return-value]
+def _empty(like: KV) -> KV:
+    """Contiguous receive buffers shaped like ``like`` (whatever its strides)."""
+    return (torch.empty(like[0].shape, dtype=like[0].dtype, device=like[0].device),
+            torch.empty(like[1].shape, dtype=like[1].dtype, device=like[1].device))
 
 
 class RingAttention(torch.autograd.Function):
