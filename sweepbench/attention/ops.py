@@ -1,8 +1,9 @@
-"""Block attention on one device through torch's own LSE-returning SDPA ops, and the LSE merge.
+"""Block attention on one device through torch's own LSE-returning SDPA ops.
 
 Every implementation computes attention as blocks (a slice of the queries against a slice of the
 keys, fully or with a causal mask aligned at the top left, which is what the ops' ``is_causal``
-means) and merges the blocks of the same query rows by their log-sum-exp, in fp32. A block's
+means) and merges the blocks of the same query rows by their log-sum-exp, with fp32 math
+(``accum``: the merge, and sums that skip fp32 passes where only two terms meet). A block's
 backward is the op's backward called with the *merged* output and LSE, which makes it that
 block's share of the gradient of the merged attention (the softmax over the union of keys).
 
