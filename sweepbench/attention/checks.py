@@ -3,7 +3,7 @@ valid, checked before any rank starts (torch-free)."""
 
 from __future__ import annotations
 
-from sweepbench.attention.registry import IMPLS, PATTERNS, SDPA_DEVICE, get_impl, why_not
+from sweepbench.attention.registry import IMPLS, PATTERNS, PLACEMENT_CHUNKS, SDPA_DEVICE, get_impl, why_not
 
 
 def _check_dilated(seq_len: int, chunk: int, segment_lengths: list[int], dilation_rates: list[int]) -> None:
@@ -33,9 +33,9 @@ def check_case(*, impl: str, pattern: str, seq_len: int, world_size: int, num_he
     if seq_len <= 0 or batch_size <= 0:
         raise ValueError(f"benchmark.seq_len={seq_len} and benchmark.batch_size={batch_size} must be positive")
     placement = get_impl(impl).placement
-    n = world_size * (2 if placement == "zigzag" else 1)
+    n = world_size * PLACEMENT_CHUNKS[placement]
     if seq_len % n:
-        what = f"2·W = {n} (zigzag placement of impl={impl})" if placement == "zigzag" else f"W = {n}"
+        what = f"2·W = {n} ({placement} placement of impl={impl})" if n > world_size else f"W = {n}"
         raise ValueError(f"benchmark.seq_len={seq_len} is not divisible by {what}; use a multiple of {n}")
     if pattern == "dilated":
         _check_dilated(seq_len, seq_len // n, segment_lengths, dilation_rates)

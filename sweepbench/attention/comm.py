@@ -19,6 +19,16 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
+Tensors = torch.Tensor | tuple[torch.Tensor, ...]
+
+
+def _tuple(x: Tensors) -> tuple[torch.Tensor, ...]:
+    return (x,) if isinstance(x, torch.Tensor) else tuple(x)
+
+
+_SUBGROUPS: dict[tuple[int, ...], dist.ProcessGroup] = {}
+
+
 class Pending(Protocol):
     def wait(self) -> None: ...
 
@@ -54,17 +64,40 @@ class Comm:
         comm.group, comm.rank, comm.size = None, 0, 1
         return comm
 
+    def split(self, partition: list[list[int]]) -> "Comm":
+        """A Comm of the same kind over the part of ``partition`` (lists of this comm's ranks) that
+        holds this rank. Every rank of the default group makes every part's group, in the same order
+        (torch's member-only group creation hangs once other groups exist), so this comm must span
+        the default group; the groups are made once per process (cached)."""
+        if self.size != dist.get_world_size():
+            raise ValueError(f"splitting a group of {self.size} ranks needs it to be the whole default group "
+                             f"of {dist.get_world_size()} ranks")
+        mine = None
+        for members in partition:
+            ranks = tuple(self._global(r) for r in members)
+            if ranks not in _SUBGROUPS:
+                _SUBGROUPS[ranks] = dist.new_group(list(ranks))
+            if self.rank in members:
+                mine = _SUBGROUPS[ranks]
+        assert mine is not None, f"rank {self.rank} is in no part of {partition}"
+        return type(self)(mine)
+
     def _global(self, r: int) -> int:
         return dist.get_global_rank(self.group, r) if self.group is not None else r
 
-    def ring_exchange(self, send: torch.Tensor, recv: torch.Tensor) -> Pending:
-        """Send ``send`` to the next rank and receive the previous rank's into ``recv``, batched
-        and asynchronous (``wait`` before reading ``recv`` or writing ``send``)."""
+    def ring_exchange(self, send: Tensors, recv: Tensors, *, reverse: bool = False) -> Pending:
+        """Send ``send`` to the next rank and receive the previous rank's into ``recv`` (``reverse``:
+        to the previous, from the next), one tensor or a tuple of them in one batch, asynchronous
+        (``wait`` before reading ``recv`` or writing ``send``)."""
+        sends, recvs = _tuple(send), _tuple(recv)
         if self.size == 1:
-            recv.copy_(send)
+            for s, r in zip(sends, recvs):
+                r.copy_(s)
             return _Done()
-        nxt, prv = self._global((self.rank + 1) % self.size), self._global((self.rank - 1) % self.size)
-        ops = [dist.P2POp(dist.isend, send, nxt, self.group), dist.P2POp(dist.irecv, recv, prv, self.group)]
+        step = -1 if reverse else 1
+        nxt, prv = self._global((self.rank + step) % self.size), self._global((self.rank - step) % self.size)
+        ops = [dist.P2POp(dist.isend, s, nxt, self.group) for s in sends]
+        ops += [dist.P2POp(dist.irecv, r, prv, self.group) for r in recvs]
         return _Works(dist.batch_isend_irecv(ops))
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
@@ -97,8 +130,9 @@ class Comm:
 class LocalComm(Comm):
     """The same calls with no bytes crossing ranks (for the exposed-communication measure)."""
 
-    def ring_exchange(self, send: torch.Tensor, recv: torch.Tensor) -> Pending:
-        recv.copy_(send)
+    def ring_exchange(self, send: Tensors, recv: Tensors, *, reverse: bool = False) -> Pending:
+        for s, r in zip(_tuple(send), _tuple(recv)):
+            r.copy_(s)
         return _Done()
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
+from sweepbench.attention.accum import merge_
 from sweepbench.attention.comm import Comm, gather_sequence, reduce_scatter_sequence
-from sweepbench.attention.ops import (Block, SdpaBackend, attend, attend_backward, expand_kv, full_blocks, merge_,
+from sweepbench.attention.ops import (Block, SdpaBackend, attend, attend_backward, expand_kv, full_blocks,
                                       new_accumulators, stash, unstash)
 from sweepbench.attention.placement import Span, spans
 

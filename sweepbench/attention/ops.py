@@ -1,8 +1,9 @@
-"""Block attention on one device through torch's own LSE-returning SDPA ops, and the LSE merge.
+"""Block attention on one device through torch's own LSE-returning SDPA ops.
 
 Every implementation computes attention as blocks (a slice of the queries against a slice of the
 keys, fully or with a causal mask aligned at the top left, which is what the ops' ``is_causal``
-means) and merges the blocks of the same query rows by their log-sum-exp, in fp32. A block's
+means) and merges the blocks of the same query rows by their log-sum-exp, with fp32 math
+(``accum``: the merge, and sums that skip fp32 passes where only two terms meet). A block's
 backward is the op's backward called with the *merged* output and LSE, which makes it that
 block's share of the gradient of the merged attention (the softmax over the union of keys).
 
@@ -17,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from sweepbench.attention.accum import Merged, RowSum, merge_
 from sweepbench.attention.registry import SDPA_DEVICE
 
 aten = torch.ops.aten
@@ -143,14 +145,6 @@ def _reduce(dx: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return dx if h == kv_heads else dx.view(b, kv_heads, h // kv_heads, l, d).sum(2)
 
 
-def merge_(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor) -> None:
-    """Fold one block into fp32 accumulators, in place: out -= sigmoid(lse_b - lse) * (out - out_b),
-    lse = logaddexp(lse, lse_b) (= lse - logsigmoid(lse - lse_b), finite where lse is still -inf)."""
-    w = torch.sigmoid(block_lse - lse).unsqueeze(-1)
-    out.sub_(w * (out - block_out.float()))
-    lse.copy_(torch.logaddexp(lse, block_lse))
-
-
 def attend(backend: SdpaBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: Sequence[Block], *,
            scale: float, out: torch.Tensor, lse: torch.Tensor, fresh: bool = False) -> Aux:
     """Merge ``blocks`` into the fp32 accumulators ``out`` (B, H, Lq, D) and ``lse`` (B, H, Lq);
@@ -170,19 +164,27 @@ def attend(backend: SdpaBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     return aux
 
 
+def block_grads(backend: SdpaBackend, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                out: torch.Tensor, lse: torch.Tensor, b: Block, *, scale: float,
+                aux: Aux) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One block's share of dq (its query rows) and dk, dv (its keys, summed back to the kv heads)."""
+    heads, kv_heads = q.shape[1], k.shape[1]
+    gq, gk, gv = backend.backward(
+        dout[:, :, b.q].contiguous(), q[:, :, b.q].contiguous(),
+        expand_kv(k[:, :, b.k], heads).contiguous(), expand_kv(v[:, :, b.k], heads).contiguous(),
+        out[:, :, b.q].contiguous(), lse[:, :, b.q].contiguous(), aux, b.causal, scale)
+    return gq, _reduce(gk, kv_heads), _reduce(gv, kv_heads)
+
+
 def attend_backward(backend: SdpaBackend, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     out: torch.Tensor, lse: torch.Tensor, blocks: Sequence[Block], *, scale: float, aux: Aux,
                     dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
     """Accumulate each block's gradients (from the merged ``out``/``lse``) into fp32 dq, dk, dv."""
-    heads, kv_heads = q.shape[1], k.shape[1]
     for b in blocks:
-        gq, gk, gv = backend.backward(
-            dout[:, :, b.q].contiguous(), q[:, :, b.q].contiguous(),
-            expand_kv(k[:, :, b.k], heads).contiguous(), expand_kv(v[:, :, b.k], heads).contiguous(),
-            out[:, :, b.q].contiguous(), lse[:, :, b.q].contiguous(), aux, b.causal, scale)
+        gq, gk, gv = block_grads(backend, dout, q, k, v, out, lse, b, scale=scale, aux=aux)
         dq[:, :, b.q] += gq
-        dk[:, :, b.k] += _reduce(gk, kv_heads)
-        dv[:, :, b.k] += _reduce(gv, kv_heads)
+        dk[:, :, b.k] += gk
+        dv[:, :, b.k] += gv
 
 
 def new_accumulators(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -208,23 +210,29 @@ def unstash(ctx: Any) -> tuple[Any, ...]:
 
 
 class LocalAttention(torch.autograd.Function):
-    """Blocks over local q, k, v as one autograd node (single device; Ulysses' local step)."""
+    """Blocks over local q, k, v as one autograd node (single device; Ulysses' local step). One
+    block covering everything (plain attention) costs the kernels and nothing else: its output
+    and gradients are the kernels' own tensors (see ``accum``)."""
 
     @staticmethod
     def forward(ctx, q, k, v, backend: SdpaBackend, blocks: tuple[Block, ...], scale: float):  # type: ignore[override]
-        out, lse = new_accumulators(q)
-        aux = attend(backend, q, k, v, blocks, scale=scale, out=out, lse=lse)
-        return stash(ctx, q, k, v, out, lse, (backend, blocks, scale, aux))
+        merged, aux = Merged(q), ()
+        for i, b in enumerate(blocks):
+            o, lse, aux = backend.forward(q[:, :, b.q].contiguous(), expand_kv(k[:, :, b.k], q.shape[1]).contiguous(),
+                                          expand_kv(v[:, :, b.k], q.shape[1]).contiguous(), b.causal, scale)
+            merged.add(b.q, o, lse, last=i == len(blocks) - 1)
+        return stash(ctx, q, k, v, *merged.result(), (backend, blocks, scale, aux))
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
         q, k, v, out, lse, (backend, blocks, scale, aux) = unstash(ctx)
-        dq = torch.zeros_like(q, dtype=torch.float32)
-        dk = torch.zeros_like(k, dtype=torch.float32)
-        dv = torch.zeros_like(v, dtype=torch.float32)
-        attend_backward(backend, dout.contiguous(), q, k, v, out, lse, blocks, scale=scale, aux=aux,
-                        dq=dq, dk=dk, dv=dv)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+        dout = dout.contiguous()
+        sums = [RowSum(x.shape, device=x.device) for x in (q, k, v)]
+        for b in blocks:
+            for s, rows, g in zip(sums, (b.q, b.k, b.k), block_grads(backend, dout, q, k, v, out, lse, b, scale=scale,
+                                                                      aux=aux)):
+                s.add(rows, g)
+        return (*(s.result(x.dtype) for s, x in zip(sums, (q, k, v))), None, None, None)
 
 
 def full_blocks(seq_len: int, causal: bool) -> tuple[Block, ...]:

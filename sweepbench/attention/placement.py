@@ -3,7 +3,8 @@
 ``contiguous``: rank r holds chunk r of W equal chunks. ``zigzag`` (head-tail): the sequence is
 cut into 2W chunks and rank r holds chunks r and 2W-1-r, so that under a causal mask every rank
 has the same amount of work (an early chunk, cheap, with a late one, expensive). A rank keeps its
-chunks concatenated in that order along the sequence dim."""
+chunks concatenated in that order along the sequence dim. ``usp``: zigzag over groups of ranks
+(see ``_usp``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
+
+from sweepbench.attention.registry import usp_degree
 
 PLACEMENTS: dict[str, Callable[[int, int], list[int]]] = {}
 
@@ -32,6 +35,18 @@ def _contiguous(rank: int, world_size: int) -> list[int]:
 @_placement("zigzag")
 def _zigzag(rank: int, world_size: int) -> list[int]:
     return [rank, 2 * world_size - 1 - rank]
+
+
+@_placement("usp")
+def _usp(rank: int, world_size: int) -> list[int]:
+    """Ulysses groups of u = usp_degree(W) consecutive ranks x a zigzag ring of R = W/u groups: the
+    sequence is cut into 2W pieces (each of the ring's 2R zigzag chunks into u); group i's ranks
+    split its zigzag share (chunks i and 2R-1-i) in order, two pieces each, so that the group's
+    tokens gathered in rank order (Ulysses' all-to-all) are exactly ring rank i's zigzag shard."""
+    u = usp_degree(world_size)
+    ring, (i, j) = world_size // u, divmod(rank, u)
+    share = [i * u + p for p in range(u)] + [(2 * ring - 1 - i) * u + p for p in range(u)]
+    return share[2 * j: 2 * j + 2]
 
 
 def num_chunks(placement: str, world_size: int) -> int:

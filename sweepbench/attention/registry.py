@@ -12,6 +12,18 @@ DEVICES = ("cpu", "cuda")
 PATTERNS = ("dense", "dilated")
 # the SDPA backends (sweepbench.attention.ops) and the device each runs on
 SDPA_DEVICE = {"cpu_flash": "cpu", "cudnn": "cuda", "flash": "cuda", "efficient": "cuda"}
+# chunks of the sequence each rank holds, by placement (sweepbench.attention.placement)
+PLACEMENT_CHUNKS = {"contiguous": 1, "zigzag": 2, "usp": 2}
+
+
+def usp_degree(world_size: int) -> int:
+    """The Ulysses degree of ``usp`` on W ranks: the largest divisor of W below W (W=4: 2 x a ring
+    of 2; W=8: 4 x 2), so that a ring of at least 2 remains; 1 (a plain ring) for W <= 3."""
+    return max((d for d in range(1, world_size) if world_size % d == 0), default=1)
+
+
+def _whole(world_size: int) -> int:
+    return world_size
 
 
 @dataclass(frozen=True)
@@ -23,7 +35,7 @@ class ImplSpec:
     device_types: tuple[str, ...] = DEVICES
     patterns: tuple[str, ...] = PATTERNS
     causal_only: bool = False
-    heads_divisible: bool = False  # heads must divide by the ring size (all-to-all over heads)
+    heads_divisor: Callable[[int], int] | None = None  # W -> what heads must divide by (all-to-all over heads)
     context: str = ""  # "module:function": a context that must cover forward and backward
     own_comm: bool = True  # communicates through sweepbench's Comm (so LocalComm times it without communication)
 
@@ -56,7 +68,10 @@ register_impl(ImplSpec("ring_naive", "contiguous", f"{_E}:ring_naive",
                        "contiguous ring without overlap (what balancing and overlap buy)"))
 register_impl(ImplSpec("allgather", "zigzag", f"{_E}:allgather", "Llama-3 style: all-gather K/V, Q local"))
 register_impl(ImplSpec("ulysses", "contiguous", f"{_E}:ulysses", "all-to-all over heads",
-                       heads_divisible=True))
+                       heads_divisor=_whole))
+register_impl(ImplSpec("usp", "usp", "sweepbench.attention.usp:usp",
+                       "Ulysses inside groups of usp_degree(W) ranks x zigzag ring across them (USP)",
+                       heads_divisor=usp_degree))
 register_impl(ImplSpec("torch_cp", "zigzag", "sweepbench.attention.torch_cp:torch_cp_attention",
                        "torch.distributed.tensor.experimental.context_parallel (head-tail load balancer)",
                        device_types=("cuda",), patterns=("dense",), causal_only=True,
@@ -91,7 +106,9 @@ def why_not(impl: str, *, device_type: str, world_size: int, num_heads: int, pat
     if spec.causal_only and not causal:
         return f"impl={impl} balances load only under a causal mask; use causal=true " \
                f"(non-causal: {others(lambda s: not s.causal_only)})"
-    if spec.heads_divisible and num_heads % world_size:
-        return (f"impl={impl} needs model.num_heads={num_heads} divisible by the ring size {world_size} "
-                f"(use cp dividing {num_heads}, or impl={others(lambda s: not s.heads_divisible)})")
+    d = spec.heads_divisor(world_size) if spec.heads_divisor else 1
+    if num_heads % d:
+        what = "the ring size" if d == world_size else f"its Ulysses degree at W={world_size},"
+        return (f"impl={impl} needs model.num_heads={num_heads} divisible by {what} {d} (use another cp, or impl="
+                f"{others(lambda s: not s.heads_divisor or num_heads % s.heads_divisor(world_size) == 0)})")
     return None

@@ -1,16 +1,21 @@
-"""Ring attention: K/V travel around the ring, queries stay; backward is a second ring.
+"""Ring attention: K/V travel around the ring, queries stay; backward is a second ring, reversed.
 
-Forward, on rank r of W: K and V are packed once into one buffer (2, B, kv_heads, L, D) and
-rotated W-1 times with batched async p2p (``Comm.ring_exchange``) into the other half of a double
-buffer while the current block computes (``overlap``); each step's blocks (which depend on the
-placement, see ``SCHEDULES``) are merged into fp32 output/LSE accumulators. GQA rotates only the
-kv heads (they are expanded per block, after the transfer).
+Forward, on rank r of W: K and V (only the kv heads) are sent on W-1 times with batched async p2p
+(``Comm.ring_exchange``, both tensors in one batch) into a spare pair of buffers while the current
+step computes (``overlap``); step s holds the K/V of rank r-s, so the forward ends holding rank
+r+1's, which it keeps for the backward. Each step is one kernel call per block of the placement's
+schedule (``SCHEDULES``: the zigzag gives one call per step, a causal one on the own K/V, a
+rectangular one on the others); blocks are LSE-merged (``accum.Merged``: the first as the kernel gave
+it, the last merge written in the output dtype, fp32 math).
 
-Backward: K/V rotate again the same way; each step computes its blocks' gradients from the global
-output and LSE, adds dK/dV into the fp32 accumulator that travels with that K/V (received from the
-previous rank while the block computed) and sends it on; after W sends the accumulators are back
-with the ranks that own those K/V. ``ring_naive`` is this code with contiguous placement and no
-overlap: each exchange starts after the step's compute and is waited for at once."""
+Backward visits the K/V in the reverse order: rank r+1's first (kept from the forward, no
+transfer), then r+2, ... and its own last, rotating K/V and the dK/dV accumulator towards rank r-1.
+The accumulator of a K/V thus reaches its owner after W-1 sends, each overlapped with the next
+step's compute, and the last step (the own K/V) sends nothing: no transfer is left exposed at the
+end, and at W=2 the backward moves only one dK/dV. An accumulator holding one step's gradient
+travels in the input dtype (it is one kernel's output), a sum of several in fp32.
+``ring_naive`` is this code with contiguous placement and no overlap: each exchange is waited for
+at once."""
 
 from __future__ import annotations
 
@@ -19,8 +24,9 @@ from typing import Callable
 
 import torch
 
+from sweepbench.attention.accum import Merged, RowSum
 from sweepbench.attention.comm import Comm, Pending
-from sweepbench.attention.ops import Block, SdpaBackend, attend, attend_backward, new_accumulators, stash, unstash
+from sweepbench.attention.ops import Block, SdpaBackend, block_grads, expand_kv, stash, unstash
 
 Schedule = Callable[[int, int, int, bool], list[Block]]  # (rank, src, local_len, causal)
 ALL = slice(None)
@@ -61,67 +67,88 @@ class RingOptions:
     comm: Comm
 
 
-def _exchange(comm: Comm, send: torch.Tensor, recv: torch.Tensor, *, now: bool) -> Pending:
-    pending = comm.ring_exchange(send, recv)
-    if now:
+KV = tuple[torch.Tensor, torch.Tensor]
+
+
+def _exchange(opt: RingOptions, send: KV, recv: KV, *, reverse: bool = False) -> Pending:
+    pending = opt.comm.ring_exchange((send[0].contiguous(), send[1].contiguous()), recv, reverse=reverse)
+    if not opt.overlap:
         pending.wait()
     return pending
+
+
+def _empty(like: KV) -> KV:
+    """Contiguous receive buffers shaped like ``like`` (whatever its strides)."""
+    return (torch.empty(like[0].shape, dtype=like[0].dtype, device=like[0].device),
+            torch.empty(like[1].shape, dtype=like[1].dtype, device=like[1].device))
 
 
 class RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, opt: RingOptions):  # type: ignore[override]
-        comm, schedule = opt.comm, SCHEDULES[opt.placement]
-        w, r, n = comm.size, comm.rank, q.shape[2]
-        bufs = [torch.stack([k, v]), torch.empty((2, *k.shape), dtype=k.dtype, device=k.device)]
-        out, lse = new_accumulators(q)
-        aux = None
+        schedule = SCHEDULES[opt.placement]
+        w, r, n = opt.comm.size, opt.comm.rank, q.shape[2]
+        cur, spare = (k, v), None
+        merged, aux = Merged(q), None
         for s in range(w):
-            cur, nxt = bufs[s % 2], bufs[(s + 1) % 2]
-            pending = _exchange(comm, cur, nxt, now=False) if s < w - 1 and opt.overlap else None
-            blocks = schedule(r, (r - s) % w, n, opt.causal)
-            step_aux = attend(opt.backend, q, cur[0], cur[1], blocks, scale=opt.scale, out=out, lse=lse,
-                              fresh=s == 0)  # step 0 covers every row exactly once
-            aux = step_aux if aux is None else aux
+            pending = None
             if s < w - 1:
-                pending = pending or _exchange(comm, cur, nxt, now=True)
+                nxt = spare or _empty(cur)
+                pending = _exchange(opt, cur, nxt)
+            blocks = schedule(r, (r - s) % w, n, opt.causal)
+            for i, b in enumerate(blocks):
+                o, lse, step_aux = opt.backend.forward(
+                    q[:, :, b.q].contiguous(), expand_kv(cur[0][:, :, b.k], q.shape[1]).contiguous(),
+                    expand_kv(cur[1][:, :, b.k], q.shape[1]).contiguous(), b.causal, opt.scale)
+                merged.add(b.q, o, lse, last=s == w - 1 and i == len(blocks) - 1)
+                aux = step_aux if aux is None else aux
+            if pending is not None:
                 pending.wait()
-        return stash(ctx, q, k, v, out, lse, (opt, aux))
+                spare, cur = (cur if s else None), nxt  # never write into the caller's k, v
+        kept = cur if w > 1 else None  # rank r+1's K/V: the backward's first step
+        return stash(ctx, q, k, v, *merged.result(), (opt, aux, kept))
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
-        q, k, v, out, lse, (opt, aux) = unstash(ctx)
-        comm, schedule = opt.comm, SCHEDULES[opt.placement]
-        w, r, n = comm.size, comm.rank, q.shape[2]
+        q, k, v, out, lse, (opt, aux, kept) = unstash(ctx)
+        schedule = SCHEDULES[opt.placement]
+        w, r, n = opt.comm.size, opt.comm.rank, q.shape[2]
         dout = dout.contiguous()
-        dq = torch.zeros_like(q, dtype=torch.float32)
-        bufs = [torch.stack([k, v]), torch.empty((2, *k.shape), dtype=k.dtype, device=k.device)]
-        dkv_bufs = [torch.empty((2, *k.shape), dtype=torch.float32, device=k.device) for _ in range(2)]
-        dkv_pending: Pending | None = None
+        dq = RowSum(q.shape, device=q.device)
+        cur, spare = (kept if w > 1 else (k, v)), None
+        got: KV | None = None  # the dK/dV accumulator of the current K/V, from rank r+1
+        got_pending: Pending | None = None
         for s in range(w):
-            cur, nxt = bufs[s % 2], bufs[(s + 1) % 2]
-            kv_pending = _exchange(comm, cur, nxt, now=False) if s < w - 1 and opt.overlap else None
-            grads = torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device)
-            blocks = schedule(r, (r - s) % w, n, opt.causal)
-            attend_backward(opt.backend, dout, q, cur[0], cur[1], out, lse, blocks, scale=opt.scale,
-                            aux=aux, dq=dq, dk=grads[0], dv=grads[1])
-            if s == 0:
-                dkv = grads
-            else:  # the accumulator of these K/V, received from the previous rank meanwhile
-                assert dkv_pending is not None
-                dkv_pending.wait()
-                dkv = dkv_bufs[s % 2]
-                dkv += grads
-            if w > 1:
-                dkv_pending = _exchange(comm, dkv, dkv_bufs[(s + 1) % 2], now=not opt.overlap)
-            if s < w - 1:
-                kv_pending = kv_pending or _exchange(comm, cur, nxt, now=True)
+            own = s == w - 1  # the last step: this rank's own K/V, whose gradient stays here
+            kv_pending = None
+            if s < w - 2:
+                nxt = spare or _empty(cur)
+                kv_pending = _exchange(opt, cur, nxt, reverse=True)
+            blocks = schedule(r, (r + 1 + s) % w, n, opt.causal)
+            assert len(blocks) <= 1, "one block per step: a travelling dK/dV is one kernel's output after step 0"
+            dk, dv = RowSum(k.shape, device=k.device), RowSum(v.shape, device=v.device)
+            for b in blocks:
+                gq, gk, gv = block_grads(opt.backend, dout, q, cur[0], cur[1], out, lse, b, scale=opt.scale, aux=aux)
+                dq.add(b.q, gq)
+                dk.add(b.k, gk)
+                dv.add(b.k, gv)
+            if got_pending is not None:
+                got_pending.wait()
+                assert got is not None
+                dk.add(ALL, got[0])
+                dv.add(ALL, got[1])
+            # one term (step 0) stays in the input dtype; a sum of several travels in fp32
+            dtype = k.dtype if own or s == 0 else torch.float32
+            grads = (dk.result(dtype), dv.result(dtype))
+            if not own:
+                got = _empty(grads)
+                got_pending = _exchange(opt, grads, got, reverse=True)
+            if kv_pending is not None:
                 kv_pending.wait()
-        if w > 1:
-            assert dkv_pending is not None
-            dkv_pending.wait()
-            dkv = dkv_bufs[w % 2]
-        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None
+                spare, cur = (cur if cur[0] is not k else None), nxt
+            elif s == w - 2:
+                cur = (k, v)
+        return dq.result(q.dtype), grads[0], grads[1], None
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, comm: Comm, causal: bool, scale: float,

@@ -9,7 +9,7 @@ import pytest
 
 from tests.attention.cases import check_case, check_cases, torch_cp_layout
 
-CPU_IMPLS = ["ring", "ring_naive", "allgather", "ulysses"]
+CPU_IMPLS = ["ring", "ring_naive", "allgather", "ulysses", "usp"]
 # 64 tokens: zigzag chunks of 8 at W=4; segments 8 (inside a chunk) and 32 (spanning ranks)
 SHAPE = {"seq": 64, "heads": 4, "kv_heads": 2, "segs": [8, 32], "rates": [1, 4]}
 
@@ -34,9 +34,10 @@ def test_distributed(world4, impl: str, size: int) -> None:
 
 
 def test_mha_and_gqa_shapes(world4) -> None:
-    """MHA (kv heads = heads) and kv heads not divisible by W under Ulysses (expanded before the all-to-all)."""
+    """MHA (kv heads = heads) and kv heads not divisible by the Ulysses degree (expanded before the all-to-all)."""
     mha = [{"impl": i, "causal": True, "pattern": "dense", **{**SHAPE, "kv_heads": 4}} for i in CPU_IMPLS]
-    odd = [{"impl": "ulysses", "causal": True, "pattern": p, **{**SHAPE, "kv_heads": 1}} for p in ("dense", "dilated")]
+    odd = [{"impl": i, "causal": True, "pattern": p, **{**SHAPE, "kv_heads": 1}}
+           for i in ("ulysses", "usp") for p in ("dense", "dilated")]
     errors = world4.run(check_cases, 4, mha + odd)
     assert max(max(e) for e in errors) < 2e-5
 

@@ -14,8 +14,8 @@ from sweepbench.attention.scaling import Shape, attention_flops, mismatch
 from tests.attention.cases import check_case, inputs
 
 
-@pytest.mark.parametrize("placement", ["zigzag", "contiguous"])
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("placement", ["zigzag", "contiguous", "usp"])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 6, 8])
 def test_placement_round_trips(placement: str, world_size: int) -> None:
     x = torch.arange(2 * 3 * 48).reshape(2, 3, 48)
     shards = [shard_sequence(x, dim=2, rank=r, world_size=world_size, placement=placement) for r in range(world_size)]
@@ -33,6 +33,53 @@ def test_zigzag_holds_head_and_tail() -> None:
     assert positions("zigzag", 1, 2, 8).tolist() == [2, 3, 4, 5]
     assert placement_of("ring") == "zigzag" and placement_of("ring_naive") == "contiguous"
     assert placement_of("torch_cp") == "zigzag"  # torch's head-tail load balancer
+
+
+@pytest.mark.parametrize("world_size", [4, 6, 8])
+def test_usp_groups_gather_zigzag_shards(world_size: int) -> None:
+    """USP: the tokens of a Ulysses group, in rank order, are its ring rank's zigzag shard."""
+    from sweepbench.attention.registry import usp_degree
+
+    u = usp_degree(world_size)
+    assert (u, world_size // u) == {4: (2, 2), 6: (3, 2), 8: (4, 2)}[world_size]
+    x = torch.arange(world_size * 12)
+    for i in range(world_size // u):
+        group = [shard_sequence(x, dim=0, rank=i * u + j, world_size=world_size, placement="usp") for j in range(u)]
+        assert torch.equal(torch.cat(group), shard_sequence(x, dim=0, rank=i, world_size=world_size // u,
+                                                            placement="zigzag"))
+
+
+def test_accumulators_round_once() -> None:
+    """Two bf16 terms (kernel outputs) summed in place equal an fp32 sum rounded once; a third term
+    goes through an fp32 accumulator; the merge of two bf16 blocks equals the fp32 merge rounded once."""
+    from sweepbench.attention.accum import Merged, RowSum
+
+    g = torch.Generator().manual_seed(1)
+    terms = [torch.randn(2, 3, 16, 8, generator=g) for _ in range(3)]
+    half = slice(8, 16)
+    two = RowSum((2, 3, 16, 8), device=torch.device("cpu"))
+    two.add(half, terms[0][:, :, half].bfloat16())
+    two.add(slice(None), terms[1].bfloat16())
+    want = terms[1].bfloat16().float()
+    want[:, :, half] += terms[0][:, :, half].bfloat16().float()
+    assert torch.equal(two.result(torch.bfloat16), want.bfloat16())
+    three = RowSum((2, 3, 16, 8), device=torch.device("cpu"))
+    for t in terms:
+        three.add(slice(None), t.bfloat16())
+    assert three.acc is not None and three.acc.dtype == torch.float32
+    assert torch.equal(three.result(torch.bfloat16), sum(t.bfloat16().float() for t in terms).bfloat16())
+    q = torch.zeros(2, 3, 16, 8, dtype=torch.bfloat16)
+    lses = [torch.randn(2, 3, 16, generator=g) for _ in range(2)]
+    merged = Merged(q)
+    merged.add(slice(None), terms[0].bfloat16(), lses[0].clone(), last=False)
+    merged.add(half, terms[1][:, :, half].bfloat16(), lses[1][:, :, half], last=True)
+    out, lse = merged.result()
+    w = torch.sigmoid(lses[1][:, :, half] - lses[0][:, :, half]).unsqueeze(-1)
+    want = terms[0].bfloat16().float()
+    want[:, :, half] = (1 - w) * want[:, :, half] + w * terms[1][:, :, half].bfloat16().float()
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), want.bfloat16().float(), atol=0, rtol=2 ** -8)
+    torch.testing.assert_close(lse[:, :, half], torch.logaddexp(lses[0][:, :, half], lses[1][:, :, half]))
 
 
 def test_lse_merge_equals_one_attention() -> None:
@@ -91,3 +138,14 @@ def test_local_comm_runs_the_schedule_but_not_the_answer() -> None:
     want = shard_sequence(math_attention(q, k, v, causal=True, scale=8 ** -0.5), dim=2, rank=1, world_size=2,
                           placement="zigzag")
     assert mismatch("out", out, want) is not None
+
+
+def test_usp_needs_heads_divisible_by_its_ulysses_degree() -> None:
+    from sweepbench.attention.registry import why_not
+
+    kw = {"device_type": "cpu", "pattern": "dense", "causal": True}
+    assert why_not("usp", world_size=4, num_heads=6, **kw) is None  # 2 groups of 2: 6 heads split over 2
+    msg = why_not("usp", world_size=8, num_heads=6, **kw)  # groups of 4
+    assert msg is not None and msg.startswith("impl=usp needs model.num_heads=6 divisible by its Ulysses degree "
+                                              "at W=8, 4 (use another cp, or impl=ring, ring_naive, allgather")
+    assert why_not("usp", world_size=2, num_heads=3, **kw) is None  # W=2: a plain ring
