@@ -53,8 +53,7 @@ def print_plan(jobs: Iterable[Any], *, sweep_dir: Path, hydra_overrides: Iterabl
     print(f"{len(jobs)} jobs; each alone:")
     for job in jobs:
         print(f"  {job.tag}\n    {job_command(job, sweep_dir=sweep_dir, hydra_overrides=hydra_overrides)}")
-        if job.fit:
-            print(f"    does not fit here: {job.fit}")
+        print(f"    fits here: {'no: ' + job.fit if job.fit else 'yes'}")
     misfits = sum(1 for job in jobs if job.fit)
     if misfits:
         print(f"{misfits} of {len(jobs)} jobs would not run from this machine (fit notes above); "
