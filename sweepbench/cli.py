@@ -16,18 +16,15 @@ from sweepbench.config.store import store_schemas
 
 
 def config_source() -> str:
-    """Where the config groups are: the installed package ``sweepbench.conf`` (a wheel ships
-    ``conf/`` under that name), else the checkout's top-level ``conf/``. The checkout case is
-    ``python -m sweepbench`` typed in the clone: its ``./sweepbench`` folder shadows the installed
-    package and has no ``conf/`` of its own."""
-    import importlib.util
-
-    try:
-        if importlib.util.find_spec("sweepbench.conf") is not None:
-            return "pkg://sweepbench.conf"
-    except ImportError:
-        pass
-    checkout = Path(__file__).resolve().parents[1] / "conf"
+    """Where the config groups are: those that came with the imported code. A wheel ships
+    ``conf/`` as the package ``sweepbench.conf`` (``sweepbench/conf/``); a checkout (an editable
+    install, or ``python -m sweepbench`` typed in the clone, or PYTHONPATH pointing at it) has
+    them in its top-level ``conf/``. Asking the import system for ``sweepbench.conf`` instead
+    would find an editable install's ``conf/`` even while this code runs from another checkout."""
+    here = Path(__file__).resolve().parent
+    if (here / "conf" / "config.yaml").is_file():
+        return "pkg://sweepbench.conf"
+    checkout = here.parent / "conf"
     if (checkout / "config.yaml").is_file():
         return str(checkout)
     return "pkg://sweepbench.conf"  # Hydra then says what is missing

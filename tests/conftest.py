@@ -143,14 +143,17 @@ def compose() -> Iterator[Callable[..., DictConfig]]:
     from hydra.core.global_hydra import GlobalHydra
 
     from sweepbench.benchmarks.registry import load_all
-    from sweepbench.cli import register_sweeper
+    from sweepbench.cli import config_source, register_sweeper
     from sweepbench.config.store import store_schemas
 
     register_sweeper()
     store_schemas()
     load_all()
     GlobalHydra.instance().clear()
-    with hydra.initialize_config_module(config_module="sweepbench.conf", version_base="1.3"):
+    source = config_source()  # the CLI's: the conf/ that came with the code under test
+    init = (hydra.initialize_config_module(config_module="sweepbench.conf", version_base="1.3")
+            if source.startswith("pkg://") else hydra.initialize_config_dir(config_dir=source, version_base="1.3"))
+    with init:
         def _compose(*overrides: str) -> DictConfig:
             chosen = any(o.startswith("benchmark=") for o in overrides)
             return hydra.compose(config_name="config", overrides=[*([] if chosen else [COLLECTIVE]), *overrides])

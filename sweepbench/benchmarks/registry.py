@@ -35,10 +35,18 @@ def benchmark_names() -> list[str]:
     return sorted(_BENCHMARKS)
 
 
+_loaded = False
+
+
 def load_all() -> None:
-    """Import every module of sweepbench.benchmarks so that each registers itself."""
+    """Import every module of sweepbench.benchmarks so that each registers itself (once: a
+    planner asks for a benchmark several times per job)."""
+    global _loaded
+    if _loaded:
+        return
     import sweepbench.benchmarks as pkg
 
     for mod in pkgutil.iter_modules(pkg.__path__):
         if mod.name not in {"base", "registry"}:
             importlib.import_module(f"{pkg.__name__}.{mod.name}")
+    _loaded = True

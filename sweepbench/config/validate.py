@@ -145,15 +145,19 @@ def _check_backend(cfg: DictConfig) -> None:
 
 
 def _check_ranks(cfg: DictConfig, world_size: int) -> None:
+    per_node = cfg.launch.ranks_per_node or world_size
+    if world_size % per_node:
+        raise ValueError(f"launch.ranks_per_node={per_node} does not divide world_size={world_size}")
+    if not 0 <= cfg.fault.rank < world_size:
+        raise ValueError(f"fault.rank={cfg.fault.rank} is outside 0..{world_size - 1}")
+
+
+def _check_gpus(cfg: DictConfig, world_size: int) -> None:
     gpus = visible_gpus()
     per_node = cfg.launch.ranks_per_node or world_size
     if resolve_backend(cfg.backend.name) in GPU_BACKENDS and per_node > gpus:
         raise ValueError(f"{per_node} ranks per node need {per_node} GPUs, but {gpus} are visible "
                          f"(world_size={world_size}); use a layout of at most {gpus} ranks per node")
-    if world_size % per_node:
-        raise ValueError(f"launch.ranks_per_node={per_node} does not divide world_size={world_size}")
-    if not 0 <= cfg.fault.rank < world_size:
-        raise ValueError(f"fault.rank={cfg.fault.rank} is outside 0..{world_size - 1}")
 
 
 def _check_parallelism(cfg: DictConfig) -> None:
@@ -161,13 +165,12 @@ def _check_parallelism(cfg: DictConfig) -> None:
 
 
 CHECKS: tuple[Callable[[DictConfig], None], ...] = (
-    _check_positive, _check_choices, _check_model, _check_parallelism, _check_backend,
-    check_fault_factor, check_wandb_names,
+    _check_positive, _check_choices, _check_model, _check_parallelism, check_fault_factor, check_wandb_names,
 )
 
 
-def validate(cfg: DictConfig) -> int:
-    """Validate a resolved job config; returns its world size."""
+def validate_config(cfg: DictConfig) -> int:
+    """The checks that hold on any machine; returns the job's world size."""
     from sweepbench.benchmarks.registry import get_benchmark
 
     bench = get_benchmark(cfg.benchmark.name)
@@ -177,6 +180,32 @@ def validate(cfg: DictConfig) -> int:
     world_size = bench.world_size(cfg)
     _check_ranks(cfg, world_size)
     return world_size
+
+
+def check_machine(cfg: DictConfig, world_size: int) -> None:
+    """Does this machine have the GPUs the job's backend and ranks per node need?"""
+    _check_backend(cfg)
+    _check_gpus(cfg, world_size)
+
+
+def validate(cfg: DictConfig) -> int:
+    """Validate a resolved job config for a run from this machine; returns its world size."""
+    world_size = validate_config(cfg)
+    check_machine(cfg, world_size)
+    return world_size
+
+
+def fit_note(cfg: DictConfig, world_size: int, *, local: bool) -> str:
+    """Why the job (already through ``validate_config``) would not run from this machine ("" when
+    it would): GPUs missing for its backend, and for a local job (ranks on this machine) too many
+    ranks or too little memory. A dry run records it per job; a real run refuses with it."""
+    try:
+        check_machine(cfg, world_size)
+        if local:
+            check_local_fit(cfg, world_size)
+    except ValueError as err:
+        return str(err)
+    return ""
 
 
 # ---------------------------------------------------------------- jobs whose ranks start on this machine

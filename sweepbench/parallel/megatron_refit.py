@@ -36,6 +36,11 @@ try:
     from megatron.core.process_groups_config import ProcessGroupCollection
     from megatron.core.resharding.copy_services.gloo_copy_service import GlooCopyService
     from megatron.core.resharding.refit import swap_model_weights
+    from megatron.core.tensor_parallel.random import (
+        get_cuda_rng_tracker,
+        get_expert_parallel_rng_tracker_name,
+        model_parallel_cuda_manual_seed,
+    )
     from megatron.core.transformer.transformer_config import TransformerConfig
 except ImportError as e:  # the extra is not installed: one line naming the install command
     raise ImportError(missing("megatron") or f"benchmark.impl=megatron cannot import megatron-core: {e}") from None
@@ -102,16 +107,17 @@ def _keep(weight: torch.Tensor) -> None:
     """An init_method that leaves the weight as it is."""
 
 
-def _rng_states(seed: int) -> None:
-    """The CUDA RNG tracker states megatron's GPU init path forks (values never drawn)."""
-    if not torch.cuda.is_available():
+def seed_rng_tracker(seed: int) -> None:
+    """Seed megatron's CUDA RNG tracker once per process; a later call (the job's other model, the
+    next job in the same process) reuses it. megatron's GPU init path forks the tracker's
+    model-parallel and expert-parallel states (our init draws no value from them), and the tracker
+    refuses a seed it already holds ("seed 1234 already exists", in every megatron-core from 0.16
+    to 0.19): megatron's own ``model_parallel_cuda_manual_seed`` gives each state its own seed. The
+    ranks are passed (0) because megatron's global parallel_state is never initialised here."""
+    names = {"model-parallel-rng", get_expert_parallel_rng_tracker_name()}
+    if names <= set(get_cuda_rng_tracker().get_states()):
         return
-    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker, get_expert_parallel_rng_tracker_name
-
-    tracker = get_cuda_rng_tracker()
-    for name in ("model-parallel-rng", get_expert_parallel_rng_tracker_name()):
-        if name not in tracker.get_states():
-            tracker.add(name, seed)
+    model_parallel_cuda_manual_seed(seed, tp_rank=0, ep_rank=0, etp_rank=0)
 
 
 class _Absent(torch.nn.Module):
@@ -127,7 +133,8 @@ def build_model(m: ModelShape, layout: Layout, rank: int, device: torch.device) 
     """Collective: the GPTModel of ``layout`` on this rank (uninitialised weights)."""
     pgs = build_pg_collection(layout, rank)
     config = _config(m, layout, device)
-    _rng_states(1234)
+    if device.type == "cuda":  # the CPU init path (use_cpu_initialization) forks no CUDA state
+        seed_rng_tracker(1234)
     if pgs is None:
         return _Absent(config)
     stage, stages = pgs.pp.rank(), pgs.pp.size()

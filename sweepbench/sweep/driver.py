@@ -17,11 +17,12 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobStatus
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
-from sweepbench.config.validate import check_local_fit, validate
+from sweepbench.config.validate import fit_note, validate_config
 from sweepbench.record.atomic import write_atomic
 from sweepbench.sweep import interrupt, resume, status
+from sweepbench.sweep.compose import JobComposer
 from sweepbench.sweep.errors import error_line, exit_bad_input
 from sweepbench.sweep.report import print_plan
 from sweepbench.sweep.sweepdir import SweepLock, check_writable
@@ -34,6 +35,7 @@ class PlannedJob:
     tag: str
     world_size: int
     cfg: DictConfig  # resolved job config, without the hydra node
+    fit: str = ""  # why it would not run from this machine ("" if it would); only a dry run keeps such a job
 
     @property
     def launch_overrides(self) -> list[str]:
@@ -47,28 +49,29 @@ def runs_locally(sweeper: Any) -> bool:
 
 
 def plan_jobs(sweeper: Any, arguments: list[str]) -> list[PlannedJob]:
-    """Compose, validate and tag every job of the grid; exit 2 on the first bad one."""
+    """Compose, validate and tag every job of the grid; exit 2 on the first bad one (a dry run
+    keeps a job that only does not fit this machine, with the reason as its fit note)."""
     loader = sweeper.hydra_context.config_loader
     parser = OverridesParser.create(config_loader=loader)
     try:
         grid = BasicSweeper.split_arguments(parser.parse_overrides(arguments), None)[0]
     except HydraException as err:
         exit_bad_input(error_line(err))
-    local = runs_locally(sweeper)
+    local, dry_run = runs_locally(sweeper), bool(sweeper.config.sweep.dry_run)
+    composer = JobComposer(loader, sweeper.config)
     jobs: dict[str, PlannedJob] = {}
     for overrides in grid:
         try:
-            cfg = loader.load_sweep_config(master_config=sweeper.config, sweep_overrides=list(overrides))
-            with open_dict(cfg):
-                del cfg["hydra"]
-            world_size = validate(cfg)
-            if local:
-                check_local_fit(cfg, world_size)
+            cfg = composer.compose(list(overrides))
+            world_size = validate_config(cfg)
+            fit = fit_note(cfg, world_size, local=local)
+            if fit and not dry_run:
+                raise ValueError(fit)
             tag = make_tag(cfg, world_size=world_size)
         except (ValueError, HydraException) as err:
             where = " ".join(overrides) or "(defaults)"
             exit_bad_input(f"{error_line(err)} (in job: {where})")
-        jobs.setdefault(tag, PlannedJob(list(overrides), tag, world_size, cfg))
+        jobs.setdefault(tag, PlannedJob(list(overrides), tag, world_size, cfg, fit))
     return list(jobs.values())
 
 

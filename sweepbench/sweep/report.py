@@ -43,16 +43,21 @@ def print_plan(jobs: Iterable[Any], *, sweep_dir: Path, hydra_overrides: Iterabl
     jobs = list(jobs)
     table = Table(title=f"dry run: {sweep_dir} (no rank started)")
     table.add_column("tag", overflow="fold")
-    for col in ("ranks", "benchmark", "model", "parallelism", "backend", "mode"):
+    for col in ("ranks", "benchmark", "model", "parallelism", "backend", "mode", "fits here"):
         table.add_column(col)
     for job in jobs:
         c = job.cfg
         table.add_row(job.tag, str(job.world_size), c.benchmark.name, c.model.name,
-                      c.parallelism.name, c.backend.name, c.mode.name)
+                      c.parallelism.name, c.backend.name, c.mode.name, "no (see below)" if job.fit else "yes")
     _console().print(table)
     print(f"{len(jobs)} jobs; each alone:")
     for job in jobs:
         print(f"  {job.tag}\n    {job_command(job, sweep_dir=sweep_dir, hydra_overrides=hydra_overrides)}")
+        print(f"    fits here: {'no: ' + job.fit if job.fit else 'yes'}")
+    misfits = sum(1 for job in jobs if job.fit)
+    if misfits:
+        print(f"{misfits} of {len(jobs)} jobs would not run from this machine (fit notes above); "
+              f"a real run here refuses them")
 
 
 def _fmt(value: Any) -> str:

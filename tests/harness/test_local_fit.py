@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from sweepbench.config.validate import check_local_fit, host_memory_bytes, validate
 
@@ -43,3 +44,58 @@ def test_timeout_must_be_finite(compose) -> None:
     for bad in ("nan", "inf"):
         with pytest.raises(ValueError, match=rf"^launch.timeout_s={bad} must be a finite number"):
             validate(compose(f"launch.timeout_s={bad}"))
+
+
+def _dry_run_listing(stdout: str) -> dict[str, str]:
+    """tag -> its fit line ("yes" or "no: why") from a dry run's per-job list."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.endswith("jobs; each alone:"))
+    listing, tag = {}, None
+    for line in lines[start + 1:]:
+        if line.startswith("  ") and not line.startswith("    "):
+            tag = line.strip()
+        elif line.startswith("    fits here: "):
+            listing[tag] = line.removeprefix("    fits here: ")
+    return listing
+
+
+@pytest.mark.parametrize("experiment,bench_name,num_jobs", [("finetune_fms", "train", 96),
+                                                          ("ring_dilated_seed", "attention", 12)])
+def test_dry_run_of_a_gpu_grid_lists_every_job_with_its_fit_note(tmp_path: Path, compose, experiment: str,
+                                                                bench_name: str, num_jobs: int) -> None:
+    """The README's planning command, as written, on this CPU machine: every job listed, each
+    with whether it would run from here and why not, exit 0, nothing written."""
+    from sweepbench.config.validate import fit_note, validate_config
+    from sweepbench.sweep.tags import make_tag
+
+    from ..conftest import expand_grid
+
+    run = run_sweepbench([f"experiment={experiment}", "sweep.dry_run=true"], sweep_dir=tmp_path / "sweep",
+                         cwd=tmp_path / "cwd", multirun=False)
+    assert run.rc == 0, run.describe()
+    listing = _dry_run_listing(run.stdout)
+    assert len(listing) == num_jobs and f"{num_jobs} jobs" in run.stdout
+    saved = OmegaConf.load(Path(__file__).parents[2] / "conf" / "experiment" / f"{experiment}.yaml")
+    grid = saved.hydra.sweeper.params
+    for job in expand_grid([f"{k}={v}" for k, v in grid.items()]):
+        cfg = compose(f"benchmark={bench_name}", f"experiment={experiment}", *job)
+        world_size = validate_config(cfg)
+        note = fit_note(cfg, world_size, local=True)  # what this machine can hold, asked in-process
+        assert listing[make_tag(cfg, world_size=world_size)] == (f"no: {note}" if note else "yes"), job
+    misfits = sum(v != "yes" for v in listing.values())
+    assert (f"{misfits} of {num_jobs} jobs would not run from this machine" in run.stdout) == (misfits > 0)
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_dry_run_notes_a_job_a_real_run_refuses(tmp_path: Path) -> None:
+    job = ["experiment=finetune_fms", "model=llama3_70b", "parallelism=tp1", "benchmark.lora_rank=0",
+           "benchmark.ac=none", "benchmark.compile=false", "benchmark.dp_shard=fsdp"]  # ~1 TiB of RAM
+    dry = run_sweepbench([*job, "sweep.dry_run=true"], sweep_dir=tmp_path / "dry", cwd=tmp_path / "cwd")
+    assert dry.rc == 0, dry.describe()
+    (note,) = _dry_run_listing(dry.stdout).values()
+    assert note.startswith("no: train needs about") and "launch.skip_memory_check=true" in note
+    real = run_sweepbench(job, sweep_dir=tmp_path / "real", cwd=tmp_path / "cwd")
+    assert real.rc == 2, real.describe()
+    lines = real.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sweepbench: error: train needs about") and note[4:] in lines[0]
+    assert not (tmp_path / "real").exists()

@@ -30,3 +30,40 @@ def test_megatron_refit_verifies(world4: World, case: tuple) -> None:  # type: i
     assert sent == received > 0  # every remote byte megatron sends arrives somewhere
     if case[0].startswith("nc-"):  # training ranks only send, inference ranks only receive
         assert all(o["traffic"][1] == 0 for o in out[:2]) and all(o["traffic"][0] == 0 for o in out[2:])
+
+
+@pytest.fixture
+def host_cuda_rng(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """megatron's RNG tracker with the CUDA generator's state calls served by a CPU generator (no
+    GPU here); the tracker's bookkeeping, where "seed ... already exists" is raised, is megatron's
+    own. The process-wide tracker is reset before and after."""
+    import torch
+    from megatron.core.tensor_parallel import random as mrandom
+
+    gen = torch.Generator()
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda *a, **k: gen.get_state())
+    monkeypatch.setattr(torch.cuda, "manual_seed", lambda seed: gen.manual_seed(seed))
+    monkeypatch.setattr(mrandom, "_set_cuda_rng_state", lambda state, *a, **k: gen.set_state(state))
+    mrandom.initialize_rng_tracker(force_reset=True)
+    yield
+    mrandom.initialize_rng_tracker(force_reset=True)
+
+
+def test_both_models_of_a_job_share_one_seeded_tracker(host_cuda_rng: None) -> None:
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker, get_expert_parallel_rng_tracker_name
+
+    from sweepbench.parallel.megatron_refit import seed_rng_tracker
+
+    tracker = get_cuda_rng_tracker()
+    with pytest.raises(Exception, match="seed 1234 already exists"):  # what one seed for two states did
+        tracker.add("model-parallel-rng", 1234)
+        tracker.add(get_expert_parallel_rng_tracker_name(), 1234)
+    tracker.reset()
+    seed_rng_tracker(1234)  # the training model
+    states = tracker.get_states()
+    assert {"model-parallel-rng", get_expert_parallel_rng_tracker_name()} <= set(states)
+    seeds = set(tracker.seeds_)
+    for _ in range(3):  # the inference model, then the next jobs in this process: no reseeding
+        seed_rng_tracker(1234)
+    assert get_cuda_rng_tracker() is tracker and tracker.seeds_ == seeds
+    assert all(tracker.get_states()[k] is v for k, v in states.items())
