@@ -20,6 +20,7 @@ one constant of its own, exact in bf16), so a swap that moved nothing fails. On 
 
     torchrun --nproc-per-node 2 bench/peers/megatron_refit.py --out megatron_twin.csv            # 2 GPUs
     torchrun --nproc-per-node 2 bench/peers/megatron_refit.py --device cpu --tiny --out t.csv    # CPU check
+    torchrun --nproc-per-node 1 bench/peers/megatron_refit.py --cases "tp1->tp1 collocated" --out t.csv  # 1 GPU
 
 megatron-core 0.16.1's GlooCopyService makes a CUDA stream in its constructor, so on a CPU-only
 torch a subclass without the stream is used (as sweepbench's peer does)."""
@@ -51,7 +52,8 @@ LLAMA3_8B = dict(num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8, 
 TINY = dict(num_layers=4, hidden_size=64, num_heads=8, num_kv_heads=8, ffn_hidden_size=256, vocab_size=512,
             seq_len=128, dtype=torch.float32)
 # name -> (training tp, its ranks, inference tp, its ranks)
-CASES = {"tp2->tp1 collocated": (2, [0, 1], 1, [0, 1]), "tp1->tp1 non-collocated": (1, [0], 1, [1])}
+CASES = {"tp2->tp1 collocated": (2, [0, 1], 1, [0, 1]), "tp1->tp1 non-collocated": (1, [0], 1, [1]),
+         "tp1->tp1 collocated": (1, [0], 1, [0])}  # the one-GPU case (--nproc-per-node 1)
 _GROUPS: dict[tuple[int, ...], object] = {}
 
 
@@ -185,7 +187,12 @@ def main() -> None:
     parser.add_argument("--num-layers", type=int, help="override the shape's layer count")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--cases", default="tp2->tp1 collocated,tp1->tp1 non-collocated",
+                        help=f"comma-separated, of: {', '.join(CASES)}")
     args = parser.parse_args()
+    cases = args.cases.split(",")
+    if unknown := [c for c in cases if c not in CASES]:
+        parser.error(f"unknown case(s) {unknown}; valid: {', '.join(CASES)}")
     shape = dict(TINY if args.tiny else LLAMA3_8B)
     if args.num_layers:
         shape["num_layers"] = args.num_layers
@@ -193,14 +200,16 @@ def main() -> None:
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if cuda else "gloo")
-    assert dist.get_world_size() == 2, "run with torchrun --nproc-per-node 2"
+    need = 1 + max(r for c in cases for r in CASES[c][1] + CASES[c][3])
+    assert dist.get_world_size() == need, f"run with torchrun --nproc-per-node {need} for {cases}"
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     if cuda:  # megatron's GPU init path forks the tracker's states: seed it once (no value is drawn)
         model_parallel_cuda_manual_seed(1234, tp_rank=0, ep_rank=0, etp_rank=0)
     service = "nccl" if cuda else HostGlooCopyService()
     rows = []
     try:
-        for name, case in CASES.items():
+        for name in cases:
+            case = CASES[name]
             times, walls = time_case(shape, case, device=device, service=service, warmup=args.warmup,
                                      iters=args.iters)
             row = {"case": name, "num_layers": shape["num_layers"], "hidden_size": shape["hidden_size"],
