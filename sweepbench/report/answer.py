@@ -10,7 +10,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from sweepbench.report.axes import Axis, Layout, label, layout
+from sweepbench.report.axes import Axis, Layout, label, layout, sortable
 from sweepbench.report.cases import case_identity
 from sweepbench.report.units import format_bytes, format_time
 
@@ -84,10 +84,6 @@ def _show(key: str, value: Any) -> str:
     return format_bytes(value) if key.endswith("_bytes") and isinstance(value, int) else str(value)
 
 
-def _sortable(value: Any) -> tuple[int, Any]:
-    return (0, value) if isinstance(value, (int, float)) else (1, str(value))
-
-
 def _case_keys(jobs: Sequence[dict[str, Any]]) -> dict[int, list[tuple[tuple[str, Any], ...]]]:
     """Each job's cases by the identity fields that vary inside a job (op, message size): a field
     with one value per job (its impl, its sequence length) describes the job, not the case."""
@@ -134,10 +130,10 @@ def answer_benchmark(name: str, jobs: Sequence[dict[str, Any]], *, thresholds: A
             case_label = " ".join(_show(k, v) for k, v in key)
             ranking = groups.setdefault((group, case_label), Ranking(name, group, case_label, [],
                                                                       p_level=thresholds.p_value))
-            order.setdefault((group, case_label), (*(_sortable(a.value(job)) for a in lay.scales), len(order)))
+            order.setdefault((group, case_label), (*(sortable(a.value(job)) for a in lay.scales), len(order)))
             median = case.get("median_s") or statistics.median(times)
-            ranking.entries.append(Entry(job, lay.series_label(job) if lay.series else str(job.get("tag")),
-                                         float(median), times))
+            name_ = lay.series_label(job) if lay.series else (group or str(job.get("tag")))
+            ranking.entries.append(Entry(job, name_, float(median), times))
     for key in sorted(groups, key=order.__getitem__):
         ranking = groups[key]
         ranking.entries.sort(key=lambda e: e.median_s)

@@ -113,6 +113,11 @@ def label(job: dict[str, Any], axes: Sequence[Axis]) -> str:
     return " ".join(f"{a.name}={a.show(job)}" for a in axes) or "all"
 
 
+def sortable(value: Any) -> tuple[int, Any]:
+    """A key that orders an axis' values: numbers by value, before names."""
+    return (0, value) if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, str(value))
+
+
 def layout(jobs: Sequence[dict[str, Any]]) -> Layout:
     axes = varying_axes(jobs)
     scales = sorted((a for a in axes if a.numeric), key=lambda a: -len({repr(a.value(j)) for j in jobs}))

@@ -195,10 +195,13 @@ def answer_view(answer: Answer) -> dict[str, Any]:
                      Cell(_GAP.get(verdict, r.note), "gap-" + (verdict.replace("~", "maybe") or "none")),
                      Cell("" if p is None else (f"< {r.p_level:g}" if p < r.p_level else f"{p:.2g}"), "num"),
                      Cell(" < ".join(f"{e.label} {format_time(e.median_s)}" for e in r.entries) if len(r.entries) > 2 else "")])
+    note = ""
+    if rows and all(len(r.entries) < 2 for r in answer.rankings):
+        rows, note = [], "every configuration is alone in its group (only scales varied, or one job): nothing to rank"
     columns = ["where", "case", "fastest", "median", "runner-up", "median", "ratio", "gap", "p", "ranking"]
     keep = [i for i, c in enumerate(columns) if i not in (0, 1, 9) or any(row[i].text for row in rows)]
     return {"name": answer.benchmark, "columns": [columns[i] for i in keep],
-            "rows": [[row[i] for i in keep] for row in rows], "failed": answer.failed,
+            "rows": [[row[i] for i in keep] for row in rows], "failed": answer.failed, "note": note,
             "sentences": [r.sentence() for r in answer.rankings],
             "varied": ", ".join(a.name for a in [*answer.layout.scales, *answer.layout.series]) or "nothing"}
 

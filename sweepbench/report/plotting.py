@@ -233,6 +233,10 @@ def axis_plot(
             ax.set_xticks(xs, [format_bytes(x) if bytes_x else f"{x:g}" for x in xs], fontsize="small",
                           rotation=90 if len(xs) > 5 else 0)
             ax.minorticks_off()
+        else:
+            xs = sorted({p[0] for pts in series.values() for p in pts})
+            if len(xs) <= 8:  # the values the sweep ran, not round numbers between them
+                ax.set_xticks(xs, [f"{x:g}" for x in xs], fontsize="small")
         ax.set(title=facet, xlabel=xlabel)
         ax.grid(True, alpha=0.3)
     for ax in axes[len(panels):]:

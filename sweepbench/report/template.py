@@ -67,6 +67,7 @@ compare's rule (the ratio beyond the noise threshold and Mann-Whitney U p below 
 {% for a in s.answers %}<div class="answer" data-benchmark="{{ a.name }}">
 <h4>{{ a.name }} <span class="note">(varied: {{ a.varied }})</span></h4>
 {% if a.rows %}<div class="scroll">{{ table(a.columns, a.rows) }}</div>{% endif %}
+{% if a.note %}<p class="note">{{ a.note }}</p>{% endif %}
 {% if a.failed %}<p>Failed ({{ a.failed | length }}):</p><ul class="answer-failed">{% for j in a.failed %}
 <li><b>{{ j.config or j.tag }}</b> <span class="{{ j.status }}">{{ j.status }}</span>: {{ j.error }} <span class="note">({{ j.tag }})</span></li>
 {% endfor %}</ul>{% endif %}

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from matplotlib.figure import Figure
 
-from sweepbench.report.axes import Layout, label, layout
+from sweepbench.report.axes import Layout, label, layout, sortable
 from sweepbench.report.cases import case_labels
 
 MAX_METRICS = 2  # headline metrics drawn against the varied axes
@@ -32,14 +32,25 @@ def better(key: str, declared: str = "") -> str:
 
 
 def _metrics(jobs: Sequence[dict[str, Any]], hooks: Any) -> list[tuple[str, str, str]]:
-    """(key, label without its "@size" part, better) of the benchmark's headline metrics."""
+    """(key, label without its "@size" part, better) of the benchmark's headline metrics: its
+    first, then its first of the other direction (a time and a rate, rather than a time and its IQR)."""
     seen: dict[str, tuple[str, str, str]] = {}
     for job in jobs:
         for head in hooks(job):
             way = better(head.key, getattr(head, "better", ""))
             if way and head.key not in seen:
                 seen[head.key] = (head.key, head.label.split(" @")[0], way)
-    return list(seen.values())[:MAX_METRICS]
+    ordered = list(seen.values())
+    chosen = ordered[:1] + [m for m in ordered[1:] if ordered and m[2] != ordered[0][2]][:1]
+    chosen += [m for m in ordered if m not in chosen]
+    return chosen[:MAX_METRICS]
+
+
+def _in_ms(key: str, name: str) -> tuple[float, str]:
+    """Seconds read better as ms in a figure: (scale, label)."""
+    if not key.endswith("_s"):
+        return 1.0, name
+    return 1e3, (name[:-2] + " ms") if name.endswith(" s") else f"{name} (ms)"
 
 
 def _powers_of_two(values: Sequence[float]) -> bool:
@@ -57,8 +68,9 @@ def axis_figures(jobs: Sequence[dict[str, Any]], hooks: Any) -> list[tuple[str, 
         return []
     figs = []
     for key, name, way in _metrics(ok, hooks):
+        scale, name = _in_ms(key, name)
         values = [(j, (j["results"].get("summary") or {}).get(key)) for j in ok]
-        values = [(j, float(v)) for j, v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+        values = [(j, scale * v) for j, v in values if isinstance(v, (int, float)) and math.isfinite(v)]
         if not values:
             continue
         note = f"{way} is better"
@@ -89,7 +101,7 @@ def distribution_figure(jobs: Sequence[dict[str, Any]]) -> tuple[Figure, str] | 
     lay = layout(jobs)
     every = [*lay.scales, *lay.series]
     rows: list[tuple[str, list[float], float]] = []
-    for job in jobs:
+    for job in sorted(jobs, key=lambda j: tuple(sortable(a.value(j)) for a in [*lay.series, *lay.scales])):
         cases = [c for c in ((job.get("results") or {}).get("cases") or []) if c.get("times_s")]
         if job.get("status") != "ok" or not cases:
             continue
