@@ -115,7 +115,7 @@ def answer_benchmark(name: str, jobs: Sequence[dict[str, Any]], *, thresholds: A
     for job in jobs:
         if job.get("status") != "ok":
             error = (job.get("error") or "(no error recorded)").strip().splitlines() or [""]
-            result.failed.append({"tag": str(job.get("tag")), "config": label(job, every) if job.get("config") else "",
+            result.failed.append({"tag": str(job.get("tag")), "config": " ".join(f"{a.name}={a.show(job)}" for a in every) if job.get("config") else "",
                                   "status": str(job.get("status")), "error": error[-1][:200]})
     ok = [j for j in jobs if j.get("status") == "ok" and j.get("results")]
     groups: dict[tuple[str, str], Ranking] = {}

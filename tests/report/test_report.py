@@ -107,7 +107,7 @@ def test_fastest_section_lists_failed_jobs(page: tuple[Path, PageVisit]) -> None
 
 def test_no_label_overlaps(page: tuple[Path, PageVisit]) -> None:
     _, seen = page
-    assert seen.texts > 100  # the check saw the labels of every figure
+    assert seen.texts > 5 * len(seen.figures)  # the check saw the labels of every figure
     assert seen.overlaps == [], seen.overlaps
 
 
