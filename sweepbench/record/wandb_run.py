@@ -253,18 +253,19 @@ def _init(wandb: Any, cfg: DictConfig, *, job_dir: Path, tag: str, group: str, c
     )
 
 
-RANKING_RUN = "fastest"  # the run (and directory in the sweep) that holds the sweep's ranking
+RANKING_RUN = "fastest"  # the run that holds the sweep's ranking
+RANKING_DIR = ".fastest"  # its directory in the sweep (hidden: not a job's)
 
 
 def log_ranking(sweep_dir: Path, *, group: str, wandb_cfg: dict[str, Any], columns: list[str],
                 rows: list[list[Any]]) -> str | None:
     """The sweep's ranking (``sweepbench.report.answer``) as the table ``fastest`` of a run named
-    ``fastest`` (job_type ``ranking``) in the sweep's group, written under ``<sweep>/fastest/``;
+    ``fastest`` (job_type ``ranking``) in the sweep's group, written under ``<sweep>/.fastest/``;
     its run directory, or None when wandb is disabled or failed (a warning, never an error)."""
     mode = os.environ.get("WANDB_MODE") or wandb_cfg.get("mode") or "offline"
     if mode == "disabled":
         return None
-    job_dir = Path(sweep_dir) / RANKING_RUN
+    job_dir = Path(sweep_dir) / RANKING_DIR
     try:
         import wandb
 

@@ -60,12 +60,43 @@ class Axis:
         return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def _swept_keys(jobs: Sequence[dict[str, Any]]) -> list[str] | None:
+    """The config keys the jobs' own overrides set (``parallelism=tp2`` -> ``parallelism.name``),
+    or None when an override does not map to one config key (an experiment preset) or a job did
+    not record its overrides: then every config key that varies counts."""
+    keys: list[str] = []
+    for job in jobs:
+        if not job.get("config"):
+            continue
+        if "overrides" not in job:
+            return None
+        for override in job["overrides"]:
+            key, eq, _ = str(override).partition("=")
+            key = key.lstrip("+~")
+            if not eq or key.startswith(NOT_AXES):
+                continue
+            node: Any = job["config"]
+            for part in key.split("."):
+                node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
+            if node is _MISSING or (isinstance(node, dict) and "name" not in node):
+                return None
+            keys.append(f"{key}.name" if isinstance(node, dict) else key)
+    return list(dict.fromkeys(keys))
+
+
+_MISSING = object()
+
+
 def varying_axes(jobs: Sequence[dict[str, Any]]) -> list[Axis]:
-    """The axes of ``jobs`` (those with a recorded config), in config order."""
-    rows = [job_values(j) for j in jobs if j.get("config")]
+    """The axes of ``jobs`` (those with a recorded config), in the order the overrides name them:
+    the keys the sweep set that differ between jobs; the world size joins the axis it moves with
+    (``parallelism=tp2,tp4``), never an axis of its own."""
+    recorded = [j for j in jobs if j.get("config")]
+    rows = [job_values(j) for j in recorded]
     if len(rows) < 2:
         return []
-    keys = list(dict.fromkeys(k for r in rows for k in r))
+    swept = _swept_keys(recorded)
+    keys = [*swept, WORLD] if swept is not None else list(dict.fromkeys(k for r in rows for k in r))
     merged: dict[tuple[int, ...], list[str]] = {}
     for key in keys:
         values = [repr(r.get(key)) for r in rows]
@@ -76,6 +107,8 @@ def varying_axes(jobs: Sequence[dict[str, Any]]) -> list[Axis]:
         merged.setdefault(signature, []).append(key)
     axes = []
     for members in merged.values():
+        if swept is not None and members == [WORLD]:
+            continue  # the world size moved with no swept key alone (tp2,dp2,tp4): not an axis
         ints = [k for k in members if all(_is_int(r.get(k)) for r in rows)]
         numeric = WORLD in members or len(ints) == len(members)
         if numeric:

@@ -139,7 +139,8 @@ def publish_workspace(sweep: Sweep, *, baseline: str | None = None) -> int:
     mode = os.environ.get("WANDB_MODE") or "online"
     if mode in ("offline", "disabled", "dryrun"):
         print(f"sweepbench: WANDB_MODE={mode}: publishing a workspace needs wandb online and a login "
-              f"(`wandb login`, then `wandb sync {sweep.path}/*/wandb/offline-run-*`); nothing was published",
+              f"(`wandb login`, then `wandb sync {sweep.path}/*/wandb/offline-run-* "
+              f"{sweep.path}/.fastest/wandb/offline-run-*`); nothing was published",
               file=sys.stderr)
         return 0
     import wandb

@@ -207,7 +207,7 @@ def test_ranking_table_in_the_sweeps_group(answer_sweeps: dict[str, SweepRun]) -
     from sweepbench.report.answer import COLUMNS
 
     sweep = answer_sweeps["slow"]
-    (run_dir,) = (sweep.sweep_dir / "fastest" / "wandb").glob("offline-run-*")
+    (run_dir,) = (sweep.sweep_dir / ".fastest" / "wandb").glob("offline-run-*")
     run = run_record(records(run_dir))
     groups = {m["wandb"]["group"] for m in sweep.all_metrics().values()}
     assert run["run_group"] in groups and len(groups) == 1
