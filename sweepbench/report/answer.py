@@ -10,7 +10,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from sweepbench.report.axes import Axis, Layout, label, layout, sortable
+from sweepbench.report.axes import Axis, Layout, layout, sortable
 from sweepbench.report.cases import case_identity
 from sweepbench.report.units import format_bytes, format_time
 
@@ -132,8 +132,8 @@ def answer_benchmark(name: str, jobs: Sequence[dict[str, Any]], *, thresholds: A
                                                                       p_level=thresholds.p_value))
             order.setdefault((group, case_label), (*(sortable(a.value(job)) for a in lay.scales), len(order)))
             median = case.get("median_s") or statistics.median(times)
-            name_ = lay.series_label(job) if lay.series else (group or str(job.get("tag")))
-            ranking.entries.append(Entry(job, name_, float(median), times))
+            entry_label = lay.series_label(job) if lay.series else (group or str(job.get("tag")))
+            ranking.entries.append(Entry(job, entry_label, float(median), times))
     for key in sorted(groups, key=order.__getitem__):
         ranking = groups[key]
         ranking.entries.sort(key=lambda e: e.median_s)
