@@ -197,7 +197,9 @@ def answer_view(answer: Answer) -> dict[str, Any]:
                      Cell(" < ".join(f"{e.label} {format_time(e.median_s)}" for e in r.entries) if len(r.entries) > 2 else "")])
     note = ""
     if rows and all(len(r.entries) < 2 for r in answer.rankings):
-        rows, note = [], "every configuration is alone in its group (only scales varied, or one job): nothing to rank"
+        alone = len({id(e.job) for r in answer.rankings for e in r.entries}) == 1
+        rows, note = [], ("one job ok: nothing to rank it against" if alone else
+                          "every configuration is alone in its group (only scales varied): nothing to rank")
     columns = ["where", "case", "fastest", "median", "runner-up", "median", "ratio", "gap", "p", "ranking"]
     keep = [i for i, c in enumerate(columns) if i not in (0, 1, 9) or any(row[i].text for row in rows)]
     return {"name": answer.benchmark, "columns": [columns[i] for i in keep],

@@ -59,12 +59,12 @@ def _powers_of_two(values: Sequence[float]) -> bool:
 
 def axis_figures(jobs: Sequence[dict[str, Any]], hooks: Any) -> list[tuple[str, Figure, str]]:
     """(title, figure, caption) per headline metric against the varied axes; none when nothing
-    varied. ``hooks(job)`` gives the job's ``Headline`` list."""
+    varied or fewer than two jobs are ok. ``hooks(job)`` gives the job's ``Headline`` list."""
     from sweepbench.report.plotting import axis_plot, bar_plot
 
     lay: Layout = layout(jobs)
     ok = [j for j in jobs if j.get("status") == "ok" and j.get("results")]
-    if not ok or (lay.x is None and not lay.series):
+    if len(ok) < 2 or (lay.x is None and not lay.series):  # one point is no chart of what varied
         return []
     figs = []
     for key, name, way in _metrics(ok, hooks):
