@@ -69,7 +69,8 @@ class SweepRun:
         return self.proc.stderr
 
     def job_dirs(self) -> list[Path]:
-        return sorted(p for p in self.sweep_dir.iterdir() if p.is_dir())
+        # a hidden directory is not a job's (.fastest: the sweep's wandb ranking run)
+        return sorted(p for p in self.sweep_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
 
     def metrics(self, tag: str) -> dict[str, Any]:
         return json.loads((self.sweep_dir / tag / "metrics.json").read_text())

@@ -37,6 +37,8 @@ def scaling_plots(jobs: list[dict[str, Any]]) -> list[tuple[str, Figure, str]]:
         peak = max((r.get("peak_allocated_bytes") or r.get("host_max_rss_bytes") or 0) for r in c["per_rank"])
         memory.setdefault(label, []).append((c["world_size"], peak / 2**30))
     sizes = sorted({c["world_size"] for _, c in cases})
+    if len(sizes) < 2:  # one ring size: no axis to draw against (the report plots what the sweep varied)
+        return []
     figs = [
         (f"Speedup over one device @{longest} tokens",
          line_plot(speedup, xlabel="ring size W", ylabel="T1 / T_W", log2_x=True,

@@ -47,10 +47,12 @@ class BenchmarkResult:
 @dataclass(frozen=True)
 class Headline:
     """One headline number of a benchmark: ``key`` in ``results.summary`` (and results.csv),
-    ``label`` as a person reads it, with its unit and the size it refers to (``busbw GB/s @1 MiB``)."""
+    ``label`` as a person reads it, with its unit and the size it refers to (``busbw GB/s @1 MiB``);
+    ``better``: ``lower`` or ``higher`` is better ("" = read from the key's unit by the report)."""
 
     key: str
     label: str
+    better: str = ""
 
 
 @dataclass(frozen=True)

@@ -251,3 +251,34 @@ def _init(wandb: Any, cfg: DictConfig, *, job_dir: Path, tag: str, group: str, c
         settings=wandb.Settings(init_timeout=cfg.wandb.init_timeout_s, console="off",
                                 x_disable_stats=True, silent=True),
     )
+
+
+RANKING_RUN = "fastest"  # the run that holds the sweep's ranking
+RANKING_DIR = ".fastest"  # its directory in the sweep (hidden: not a job's)
+
+
+def log_ranking(sweep_dir: Path, *, group: str, wandb_cfg: dict[str, Any], columns: list[str],
+                rows: list[list[Any]]) -> str | None:
+    """The sweep's ranking (``sweepbench.report.answer``) as the table ``fastest`` of a run named
+    ``fastest`` (job_type ``ranking``) in the sweep's group, written under ``<sweep>/.fastest/``;
+    its run directory, or None when wandb is disabled or failed (a warning, never an error)."""
+    mode = os.environ.get("WANDB_MODE") or wandb_cfg.get("mode") or "offline"
+    if mode == "disabled":
+        return None
+    job_dir = Path(sweep_dir) / RANKING_DIR
+    try:
+        import wandb
+
+        remove_previous_runs(job_dir)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        run = wandb.init(project=wandb_cfg.get("project") or "sweepbench", entity=wandb_cfg.get("entity"),
+                         group=group, name=RANKING_RUN, job_type="ranking", dir=str(job_dir), mode=mode,
+                         reinit="create_new", settings=wandb.Settings(console="off", x_disable_stats=True, silent=True))
+        try:
+            run.log({RANKING_RUN: wandb.Table(columns=columns, data=rows)})
+        finally:
+            run.finish()
+        return str(Path(run.dir).parent)
+    except Exception as err:
+        log.warning("wandb ranking table: %s: %s", type(err).__name__, err)
+        return None

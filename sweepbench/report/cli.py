@@ -7,7 +7,10 @@ sub-command it runs it and returns True; otherwise the arguments are Hydra's (``
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -51,10 +54,33 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_writable(path: Path, *, what: str, folder: bool = False) -> None:
+    """Raise ValueError (one line naming ``path``) unless ``path`` (a file, or with ``folder`` a
+    directory) can be written: checked before anything is read or rendered, so that a bad
+    ``-o`` leaves nothing half-written."""
+    if path.is_dir() != folder and path.exists():
+        kind = "a directory" if path.is_dir() else "a file"
+        raise ValueError(f"{what} {path} is {kind}; name {'a directory' if folder else 'a file'} instead")
+    existing = path if folder else path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{what} {path}: {existing} is not a directory")
+    try:  # os.access says yes to root on read-only or virtual file systems (/proc): try for real
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as err:
+        raise ValueError(f"{what} {path} cannot be written: {existing}: {err.strerror or err}") from None
+    if not os.access(existing, os.W_OK):
+        raise ValueError(f"{what} {path} cannot be written: {existing} is not writable")
+
+
 def _report(args: argparse.Namespace) -> int:
     from sweepbench.report.load import load_sweep, save_jobs_file
-    from sweepbench.report.page import write_report
+    from sweepbench.report.page import REPORT_FILE, write_report
 
+    check_writable(args.out or args.sweeps[0] / REPORT_FILE, what="report file")
+    if args.save_jobs:
+        check_writable(args.save_jobs, what="--save-jobs file")
     out = write_report(args.sweeps, args.out)
     print(f"sweepbench: report written to {out}")
     if args.save_jobs:
@@ -68,16 +94,23 @@ def _report(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from sweepbench.report.compare import compare_sweeps, write_comparison
-    from sweepbench.report.load import load_sweep
+    from sweepbench.report.load import UNREADABLE, load_sweep
     from sweepbench.report.stats import Thresholds
 
     thresholds = Thresholds(min_change=args.min_change, noise_factor=args.noise_factor, p_value=args.p_value,
                             max_cv=args.max_cv, max_spread=args.max_spread)
+    out_dir = args.out or (args.candidate if args.candidate.is_dir() else Path.cwd())
+    check_writable(out_dir, what="compare output directory", folder=True)
     baseline, candidate = load_sweep(args.baseline), load_sweep(args.candidate)
+    # a job whose records cannot be read has no config to join on: it is named here and fails the gate
+    unreadable = [j for sweep in (baseline, candidate) for j in sweep.jobs if j.get("status") == UNREADABLE]
+    baseline, candidate = (replace(s, jobs=[j for j in s.jobs if j.get("status") != UNREADABLE])
+                           for s in (baseline, candidate))
     on = [c.strip() for c in args.on.split(",") if c.strip()] if args.on else None
     comparison = compare_sweeps(baseline, candidate, on=on, thresholds=thresholds)
-    out_dir = args.out or (args.candidate if args.candidate.is_dir() else Path.cwd())
     csv_path, html_path = write_comparison(comparison, baseline, candidate, thresholds, out_dir)
+    for job in unreadable:
+        print(f"{UNREADABLE:>12}  {job['tag']}  {job['error']}")
     for row in comparison.rows:
         if row["verdict"] not in ("unchanged",):
             ratio = f"{row['ratio']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}] p={row['p_value']:.2g}" \
@@ -85,9 +118,11 @@ def _compare(args: argparse.Namespace) -> int:
             print(f"{row['verdict']:>12}  {row['candidate_tag']}  {row['case']}  {ratio}")
     counts = ", ".join(f"{v}: {n}" for v, n in comparison.counts())
     print(f"sweepbench compare: {len(comparison.rows)} cases ({counts or 'none'}); "
-          f"{len(comparison.unmatched)} jobs without a twin\n  {csv_path}\n  {html_path}")
-    if args.fail_on_regression and comparison.regressions:
-        print(f"sweepbench: error: {len(comparison.regressions)} regressions (--fail-on-regression)", file=sys.stderr)
+          f"{len(comparison.unmatched)} jobs without a twin" + (f"; {len(unreadable)} jobs unreadable" if unreadable else "")
+          + f"\n  {csv_path}\n  {html_path}")
+    if args.fail_on_regression and (comparison.regressions or unreadable):
+        print(f"sweepbench: error: {len(comparison.regressions)} regressions, {len(unreadable)} unreadable jobs "
+              f"(--fail-on-regression)", file=sys.stderr)
         return 1
     return 0
 

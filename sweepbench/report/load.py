@@ -20,6 +20,7 @@ from sweepbench.record import ENV_FILE, METRICS_FILE
 from sweepbench.record.atomic import read_json, write_json_atomic
 
 JOBS_FILE_FORMAT = "sweepbench-jobs/1"
+UNREADABLE = "unreadable"  # the status of a job whose metrics.json exists but cannot be read
 
 
 @dataclass
@@ -57,9 +58,28 @@ def _mtime_utc(path: Path) -> str:
     return stamp.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _read_metrics(job_dir: Path) -> dict[str, Any] | None:
+    """The job's metrics.json; None when there is none; a job of status ``unreadable`` (naming
+    the file and what is wrong with it) when it exists but is not a job record."""
+    path = job_dir / METRICS_FILE
+    if not path.exists():
+        return None
+    try:
+        metrics = json.loads(path.read_text())
+        problem = "" if isinstance(metrics, dict) else f"a JSON {type(metrics).__name__}, not a job record"
+    except (OSError, ValueError) as err:
+        problem = str(err)
+    if not problem:
+        return metrics
+    return {"tag": job_dir.name, "status": UNREADABLE, "error": f"{path} cannot be read: {problem}",
+            "config": {}, "results": {}}
+
+
 def load_sweep(path: str | Path) -> Sweep:
     """A sweep directory (one sub-directory per job) or a jobs file. Jobs without metrics.json
-    (a crash before recording) appear as failed jobs with results.csv's error, never dropped."""
+    (a crash before recording) appear as failed jobs with results.csv's error, never dropped;
+    jobs whose metrics.json cannot be read appear as ``unreadable``, by name. A sweep none of whose
+    jobs can be read is bad input (ValueError)."""
     path = Path(path)
     if path.is_file():
         return _load_jobs_file(path)
@@ -67,7 +87,7 @@ def load_sweep(path: str | Path) -> Sweep:
         raise ValueError(f"{path} is neither a sweep directory nor a jobs file (.json)")
     jobs, envs = [], {}
     for job_dir in sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        metrics = read_json(job_dir / METRICS_FILE)
+        metrics = _read_metrics(job_dir)
         if metrics is None:
             if not (job_dir / ".hydra").is_dir():
                 continue  # not a job directory
@@ -80,6 +100,8 @@ def load_sweep(path: str | Path) -> Sweep:
     _add_rows_without_dirs(path, jobs)
     if not jobs:
         raise ValueError(f"{path} holds no job (no <tag>/metrics.json); is it a sweep directory?")
+    if all(j.get("status") == UNREADABLE for j in jobs):
+        raise ValueError(f"no job of {path} can be read: {jobs[0]['error']}")
     multirun = path / "multirun.yaml"
     return Sweep(path=path, jobs=jobs, envs=envs,
                  command=_sweep_command(multirun) if multirun.exists() else "",

@@ -1,9 +1,12 @@
 """The sweep report: one self-contained HTML file per sweep (or several sweeps in one page).
 
-What a benchmark shows is asked of the benchmark itself, through the registry: its headline
-columns (``Benchmark.headline``) and its figures (``Benchmark.plots``). The report adds what
-holds for every benchmark: the sweep's command and machine, the results table, the failed jobs
-with their error, and each job's per-iteration times, so that noise is visible."""
+The page opens with the answer (``answer``): per benchmark and per value of the scales the sweep
+varied, the configurations ranked, the runner-up's ratio to the winner and whether the gap is
+real, and the failed jobs. What a benchmark shows is asked of the benchmark itself, through the
+registry: its headline columns and metrics (``Benchmark.headline``) and its own figures
+(``Benchmark.plots``). The report adds what holds for every benchmark: the headline metrics
+against the axes the sweep varied (``varied``), the sweep's command and machine, the results
+table, the failed jobs with their error, and every job's per-iteration times on one axis."""
 
 from __future__ import annotations
 
@@ -17,16 +20,16 @@ from typing import Any, Iterable, Sequence
 from omegaconf import OmegaConf
 
 from sweepbench.record.atomic import write_atomic
-from sweepbench.report.cases import case_labels
+from sweepbench.report.answer import Answer, answer_jobs
 from sweepbench.report.load import Sweep, load_sweep
-from sweepbench.report.plotting import config_value, distribution_plot, figure_svg
+from sweepbench.report.plotting import config_value, figure_svg
 from sweepbench.report.template import render
+from sweepbench.report.units import format_time
 
 log = logging.getLogger(__name__)
 
 REPORT_FILE = "report.html"
 CONFIG_COLUMNS = ("benchmark.name", "model.name", "parallelism.name", "backend.name", "mode.name")
-MAX_BOXES = 24  # per-iteration figure of a job: at most this many cases (the slowest ones)
 
 
 @dataclass
@@ -70,15 +73,23 @@ def _benchmark(name: str | None) -> Any:
         return None
 
 
-def headlines(job: dict[str, Any]) -> list[tuple[str, str]]:
-    """(summary key, label) of a job: its benchmark's ``headline(cfg)``, or its first summary
-    numbers when the benchmark declares none."""
+def headline_hooks(job: dict[str, Any]) -> list[Any]:
+    """The job's ``Headline`` list from its benchmark's ``headline(cfg)`` ([] when it has none)."""
     bench = _benchmark(job.get("benchmark") or config_value(job, "benchmark.name"))
     if bench is not None and job.get("config"):
         try:
-            return [(h.key, h.label) for h in bench.headline(OmegaConf.create(job["config"]))]
+            return list(bench.headline(OmegaConf.create(job["config"])))
         except Exception as err:  # a hook's bug must not cost the whole report
             log.warning("headline() of %s: %s", job.get("tag"), err)
+    return []
+
+
+def headlines(job: dict[str, Any]) -> list[tuple[str, str]]:
+    """(summary key, label) of a job: its benchmark's ``headline(cfg)``, or its first summary
+    numbers when the benchmark declares none."""
+    hooks = headline_hooks(job)
+    if hooks:
+        return [(h.key, h.label) for h in hooks]
     summary = (job.get("results") or {}).get("summary") or {}
     keys = [k for k in summary if k.endswith(("_s", "_gbps", "_per_s", "fraction_of_link"))][:3]
     return [(k, k) for k in keys]
@@ -139,33 +150,62 @@ def sweep_meta(sweep: Sweep) -> list[tuple[str, str]]:
 
 
 def benchmark_figures(name: str, jobs: list[dict[str, Any]], ids: _Ids) -> tuple[list[Fig], list[str]]:
-    """The benchmark's own figures from its ``plots`` hook; a failing hook becomes a note."""
+    """The figures of the axes the sweep varied, then the benchmark's own from its ``plots``
+    hook; a failing hook becomes a note."""
+    from sweepbench.report.varied import axis_figures
+
+    figs = [Fig(t, figure_svg(f, prefix=ids()), c) for t, f, c in axis_figures(jobs, headline_hooks)]
     bench = _benchmark(name)
     if bench is None:
-        return [], [f"benchmark {name!r} is not installed here: no figures"]
+        return figs, [f"benchmark {name!r} is not installed here: no figures of its own"]
     try:
         plots = bench.plots(jobs)
     except Exception as err:
         log.warning("plots() of %s failed: %s", name, err)
-        return [], [f"{name}.plots() failed: {type(err).__name__}: {err}"]
-    return [Fig(p.title, figure_svg(p.figure, prefix=ids()), p.caption) for p in plots], []
+        return figs, [f"{name}.plots() failed: {type(err).__name__}: {err}"]
+    return figs + [Fig(p.title, figure_svg(p.figure, prefix=ids()), p.caption) for p in plots], []
 
 
-def distribution_figures(jobs: Iterable[dict[str, Any]], ids: _Ids) -> list[Fig]:
-    figs = []
-    for job in jobs:
-        cases = [c for c in ((job.get("results") or {}).get("cases") or []) if c.get("times_s")]
-        if job.get("status") != "ok" or not cases:
-            continue
-        labels = case_labels(cases)
-        if len(cases) > MAX_BOXES:  # the slowest cases: where noise costs the most
-            keep = sorted(range(len(cases)), key=lambda i: -cases[i].get("median_s", 0))[:MAX_BOXES]
-            cases, labels = [cases[i] for i in sorted(keep)], [labels[i] for i in sorted(keep)]
-        samples = {label: case["times_s"] for label, case in zip(labels, cases)}
-        fig = distribution_plot(samples)  # the tag is the caption: it is too long for a title
-        figs.append(Fig(str(job.get("tag")), figure_svg(fig, prefix=ids()),
-                        f"{len(cases)} cases, {len(cases[0]['times_s'])} timed iterations each"))
-    return figs
+def distribution_figure(name: str, jobs: list[dict[str, Any]], ids: _Ids) -> list[Fig]:
+    """Every job's per-iteration times of one benchmark, side by side on one axis."""
+    from sweepbench.report.varied import distribution_figure as build
+
+    built = build(jobs)
+    if built is None:
+        return []
+    fig, caption = built
+    return [Fig(f"{name}: per-iteration times", figure_svg(fig, prefix=ids()), caption)]
+
+
+_GAP = {"slower": "real", "~": "maybe (the test does not agree)", "unchanged": "within noise",
+        "unstable": "unstable (too noisy to tell)"}
+
+
+def answer_view(answer: Answer) -> dict[str, Any]:
+    """The "fastest" block of one benchmark for the template."""
+    rows = []
+    for r in answer.rankings:
+        first, second = r.entries[0], (r.entries[1] if len(r.entries) > 1 else None)
+        verdict = r.verdict.verdict if r.verdict is not None else ""
+        p = r.verdict.p_value if r.verdict is not None else None
+        rows.append([Cell(r.group), Cell(r.case), Cell(first.label, "winner"), Cell(format_time(first.median_s), "num"),
+                     Cell(second.label if second else "(the only one)"),
+                     Cell(format_time(second.median_s) if second else "", "num"),
+                     Cell(f"{second.median_s / first.median_s:.2f}x" if second else "", "num"),
+                     Cell(_GAP.get(verdict, r.note), "gap-" + (verdict.replace("~", "maybe") or "none")),
+                     Cell("" if p is None else (f"< {r.p_level:g}" if p < r.p_level else f"{p:.2g}"), "num"),
+                     Cell(" < ".join(f"{e.label} {format_time(e.median_s)}" for e in r.entries) if len(r.entries) > 2 else "")])
+    note = ""
+    if rows and all(len(r.entries) < 2 for r in answer.rankings):
+        alone = len({id(e.job) for r in answer.rankings for e in r.entries}) == 1
+        rows, note = [], ("one job ok: nothing to rank it against" if alone else
+                          "every configuration is alone in its group (only scales varied): nothing to rank")
+    columns = ["where", "case", "fastest", "median", "runner-up", "median", "ratio", "gap", "p", "ranking"]
+    keep = [i for i, c in enumerate(columns) if i not in (0, 1, 9) or any(row[i].text for row in rows)]
+    return {"name": answer.benchmark, "columns": [columns[i] for i in keep],
+            "rows": [[row[i] for i in keep] for row in rows], "failed": answer.failed, "note": note,
+            "sentences": [r.sentence() for r in answer.rankings],
+            "varied": ", ".join(a.name for a in [*answer.layout.scales, *answer.layout.series]) or "nothing"}
 
 
 def sweep_section(sweep: Sweep, ids: _Ids) -> dict[str, Any]:
@@ -178,12 +218,13 @@ def sweep_section(sweep: Sweep, ids: _Ids) -> dict[str, Any]:
     benchmarks = []
     for name, jobs in by_bench.items():
         figures, notes = benchmark_figures(name, jobs, ids)
-        benchmarks.append({"name": name, "figures": figures, "notes": notes})
+        benchmarks.append({"name": name, "figures": figures, "notes": notes,
+                           "distributions": distribution_figure(name, jobs, ids)})
     failed = [{"tag": j.get("tag"), "status": j.get("status"), "error": j.get("error") or "(no error recorded)"}
               for j in sweep.jobs if j.get("status") != "ok"]
     return {"name": sweep.name, "meta": sweep_meta(sweep), "columns": columns, "rows": rows,
             "num_jobs": len(sweep.jobs), "num_ok": len(sweep.jobs) - len(failed), "failed": failed,
-            "benchmarks": benchmarks, "distributions": distribution_figures(sweep.jobs, ids)}
+            "benchmarks": benchmarks, "answers": [answer_view(a) for a in answer_jobs(sweep.jobs)]}
 
 
 def render_report(sweeps: Sequence[Sweep]) -> str:

@@ -102,31 +102,43 @@ def line_plot(
     return fig
 
 
+def _wrap(label: str, width: int = 28) -> str:
+    """A long tick label on several lines (at spaces), so that it never runs into its neighbour."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(label, width, break_on_hyphens=False)) or label
+
+
 def bar_plot(
     values: Mapping[str, float], *, title: str = "", ylabel: str,
     floor: Mapping[str, float] | None = None, floor_label: str = "link floor",
     annotations: Mapping[str, str] | None = None, width: float = 6.4, height: float = 3.6,
 ) -> Figure:
-    """One bar per label; ``floor`` marks each bar's bound (a short black line), ``annotations``
-    writes a note above a bar (e.g. ``0.42 of link``)."""
-    fig = new_figure(width, height)
-    ax = fig.add_subplot()
+    """One horizontal bar per label (labels on the y axis, wrapped: they never overlap however
+    many or long they are); ``floor`` marks each bar's bound (a short black line),
+    ``annotations`` writes a note at the end of a bar (e.g. ``0.42 of link``). ``ylabel`` names
+    the value (drawn along the bars)."""
     labels = list(values)
-    xs = range(len(labels))
-    ax.bar(xs, [values[k] for k in labels], color="C0", label=ylabel)
+    lines = sum(_wrap(k).count("\n") + 1 for k in labels)
+    fig = new_figure(width, max(height if len(labels) > 3 else 2.4, 1.2 + 0.2 * lines + 0.12 * len(labels)))
+    ax = fig.add_subplot()
+    ys = range(len(labels))
+    ax.barh(ys, [values[k] for k in labels], color="C0", height=0.6, label=ylabel)
     if floor:
         marked = [i for i, k in enumerate(labels) if floor.get(k) is not None]
-        ax.hlines([floor[labels[i]] for i in marked], [i - 0.4 for i in marked], [i + 0.4 for i in marked],
+        ax.vlines([floor[labels[i]] for i in marked], [i - 0.4 for i in marked], [i + 0.4 for i in marked],
                   colors="black", linewidth=2, label=floor_label)
     for i, k in enumerate(labels):
         if annotations and k in annotations:
-            ax.annotate(annotations[k], (i, values[k]), ha="center", va="bottom", fontsize="x-small")
-    ax.set_xticks(list(xs), labels, rotation=30 if len(labels) > 3 else 0, ha="right" if len(labels) > 3 else "center",
-                  fontsize="small")
-    ax.set(title=title, ylabel=ylabel)
-    ax.grid(True, axis="y", alpha=0.3)
+            ax.annotate(" " + annotations[k], (values[k], i), ha="left", va="center", fontsize="x-small")
+    if annotations:
+        ax.margins(x=0.25)  # room for the notes right of the longest bar
+    ax.set_yticks(list(ys), [_wrap(k) for k in labels], fontsize="small")
+    ax.set_ylim(len(labels) - 0.5, -0.5)  # first label on top, as listed
+    ax.set(title=title, xlabel=ylabel)
+    ax.grid(True, axis="x", alpha=0.3)
     if floor:
-        ax.legend(fontsize="small")
+        ax.legend(fontsize="small", loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False)
     return fig
 
 
@@ -162,8 +174,8 @@ def heatmap(
                 dark = abs(norm(v) - 0.5) > 0.3 if center is not None else norm(v) < 0.5
                 ax.text(c, r, fmt.format(v), ha="center", va="center", fontsize="x-small",
                         color="white" if dark else "black")
-    ax.set_xticks(range(len(cols)), list(cols), rotation=30 if len(cols) > 3 else 0,
-                  ha="right" if len(cols) > 3 else "center", fontsize="small")
+    turn = len(cols) > 3 or max((len(c) for c in cols), default=0) > 10
+    ax.set_xticks(range(len(cols)), list(cols), rotation=90 if turn else 0, fontsize="small")
     ax.set_yticks(range(len(rows)), list(rows), fontsize="small")
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     bar = fig.colorbar(image, ax=ax, label=cbar_label)
@@ -171,26 +183,68 @@ def heatmap(
     return fig
 
 
-def distribution_plot(
-    samples: Mapping[str, Sequence[float]], *, title: str = "", ylabel: str = "time per iteration (ms)",
-    scale: float = 1e3, width: float | None = None, height: float = 3.6,
+def strip_plot(
+    samples: Mapping[str, Sequence[float]], *, title: str = "", xlabel: str = "time per iteration (ms)",
+    scale: float = 1e3, width: float = 7.5,
 ) -> Figure:
-    """A box plot per label with every sample drawn over it (a jittered strip), so the noise
-    and the outliers of per-iteration times are visible; ``scale`` converts seconds to ms."""
+    """Every sample of every label on one common axis: a row per label (labels on the y axis,
+    wrapped), each iteration a dot (deterministic jitter), the median a black tick. A log axis
+    when the medians span more than 20x, so jobs of very different speed stay readable."""
     labels = [k for k, v in samples.items() if len(v)]
-    fig = new_figure(width or max(4.0, 1.0 + 0.7 * len(labels)), height)
+    lines = sum(_wrap(k, 40).count("\n") + 1 for k in labels)
+    fig = new_figure(width, max(2.2, 1.1 + 0.2 * lines + 0.1 * len(labels)))
     ax = fig.add_subplot()
-    data = [[x * scale for x in samples[k]] for k in labels]
-    if data:
-        ax.boxplot(data, showfliers=False, widths=0.5)
-        for i, xs in enumerate(data, start=1):
-            # deterministic jitter: a report must not change between two renders of the same data
-            offsets = [((j * 0.618) % 1.0 - 0.5) * 0.3 for j in range(len(xs))]
-            ax.scatter([i + o for o in offsets], xs, s=6, alpha=0.6, color="C1", zorder=3)
-        ax.set_xticks(range(1, len(labels) + 1), labels, rotation=30 if len(labels) > 3 else 0,
-                      ha="right" if len(labels) > 3 else "center", fontsize="small")
-    ax.set(title=title, ylabel=ylabel)
-    ax.grid(True, axis="y", alpha=0.3)
+    medians = []
+    for i, k in enumerate(labels):
+        xs = [x * scale for x in samples[k]]
+        # deterministic jitter: a report must not change between two renders of the same data
+        offsets = [((j * 0.618) % 1.0 - 0.5) * 0.5 for j in range(len(xs))]
+        ax.scatter(xs, [i + o for o in offsets], s=7, alpha=0.55, color=f"C{i % 10}", linewidths=0)
+        med = float(np.median(xs))
+        medians.append(med)
+        ax.vlines(med, i - 0.35, i + 0.35, colors="black", linewidth=1.5)
+    positive = [m for m in medians if m > 0]
+    if positive and max(positive) / min(positive) > 20:
+        ax.set_xscale("log")
+    ax.set_yticks(range(len(labels)), [_wrap(k, 40) for k in labels], fontsize="small")
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+    ax.set(title=title, xlabel=xlabel)
+    ax.grid(True, axis="x", alpha=0.3)
+    return fig
+
+
+def axis_plot(
+    panels: Mapping[str, Mapping[str, Points]], *, xlabel: str, ylabel: str, log2_x: bool = False,
+    bytes_x: bool = False, width: float = 6.4, height: float = 3.4,
+) -> Figure:
+    """A metric against the axis a sweep varied: one panel per facet (``panels``' keys, "" for a
+    single panel), one line per series; the legend sits right of the panels (never over a point or
+    a label)."""
+    fig = new_figure(width + 2.2, height * (1 if len(panels) <= 2 else 1.6))
+    cols = min(len(panels), 2)
+    axes = fig.subplots(-(-len(panels) // cols), cols, squeeze=False, sharey=True).ravel()
+    for ax, (facet, series) in zip(axes, panels.items()):
+        for n, (name, points) in enumerate(series.items()):
+            pts = sorted(points)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=4, label=name, color=f"C{n % 10}")
+        if log2_x:
+            ax.set_xscale("log", base=2)
+            xs = sorted({p[0] for pts in series.values() for p in pts})
+            ax.set_xticks(xs, [format_bytes(x) if bytes_x else f"{x:g}" for x in xs], fontsize="small",
+                          rotation=90 if len(xs) > 5 else 0)
+            ax.minorticks_off()
+        else:
+            xs = sorted({p[0] for pts in series.values() for p in pts})
+            if len(xs) <= 8:  # the values the sweep ran, not round numbers between them
+                ax.set_xticks(xs, [f"{x:g}" for x in xs], fontsize="small")
+        ax.set(title=facet, xlabel=xlabel)
+        ax.grid(True, alpha=0.3)
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    axes[0].set_ylabel(ylabel)
+    handles, names = axes[0].get_legend_handles_labels()
+    if len(handles) > 1:
+        fig.legend(handles, [_wrap(n, 24) for n in names], loc="outside right center", fontsize="small")
     return fig
 
 

@@ -26,6 +26,9 @@ dl.meta { display: grid; grid-template-columns: max-content auto; gap: .15em 1em
 dl.meta dt { font-weight: 600; } dl.meta dd { margin: 0; font-family: ui-monospace, monospace; }
 .scroll { overflow-x: auto; max-width: 100%; }
 .note { color: #555; font-size: .9em; }
+section.fastest { background: #f6f9ff; border: 1px solid #cdd9f0; padding: .2em 1em .6em; margin: .8em 0; }
+td.winner { font-weight: 600; } td.gap-slower { color: #11772b; font-weight: 600; }
+td.gap-maybe, td.gap-unstable { color: #8a6d00; } td.gap-unchanged { color: #555; }
 """
 
 _BASE = """<!DOCTYPE html>
@@ -57,6 +60,19 @@ _REPORT = """{% extends "base.html" %}{% from "macros.html" import figure, table
 {% for s in sweeps %}
 <section class="sweep">
 <h2>Sweep {{ s.name }}</h2>
+<section class="fastest"><h3>Fastest</h3>
+<p class="note">Per benchmark, and per value of the scales the sweep varied: the configurations ranked by median
+per-iteration time (the slowest rank's), the runner-up's time over the winner's, and whether the gap is real by
+compare's rule (the ratio beyond the noise threshold and Mann-Whitney U p below its level).</p>
+{% for a in s.answers %}<div class="answer" data-benchmark="{{ a.name }}">
+<h4>{{ a.name }} <span class="note">(varied: {{ a.varied }})</span></h4>
+{% if a.rows %}<div class="scroll">{{ table(a.columns, a.rows) }}</div>{% endif %}
+{% if a.note %}<p class="note">{{ a.note }}</p>{% endif %}
+{% if a.failed %}<p>Failed ({{ a.failed | length }}):</p><ul class="answer-failed">{% for j in a.failed %}
+<li><b>{{ j.config or j.tag }}</b> <span class="{{ j.status }}">{{ j.status }}</span>: {{ j.error }} <span class="note">({{ j.tag }})</span></li>
+{% endfor %}</ul>{% endif %}
+</div>{% endfor %}
+</section>
 <dl class="meta">{% for k, v in s.meta %}<dt>{{ k }}</dt><dd>{{ v }}</dd>{% endfor %}</dl>
 <h3>Results ({{ s.num_ok }} of {{ s.num_jobs }} jobs ok)</h3>
 <div class="scroll">{{ table(s.columns, s.rows) }}</div>
@@ -67,10 +83,10 @@ _REPORT = """{% extends "base.html" %}{% from "macros.html" import figure, table
 <h3>{{ b.name }}</h3>
 {% for note in b.notes %}<p class="note">{{ note }}</p>{% endfor %}
 {% for f in b.figures %}{{ figure(f) }}{% endfor %}
+{% if b.distributions %}<p class="note">Per-iteration times: each iteration's time (the slowest rank's) as a dot,
+the median as a black tick, every job on one common axis.</p>
+{% for f in b.distributions %}{{ figure(f) }}{% endfor %}{% endif %}
 {% endfor %}
-{% if s.distributions %}<h3>Per-iteration times</h3>
-<p class="note">Each iteration's time (the slowest rank's), box = quartiles, whiskers = 1.5 IQR, dots = every iteration.</p>
-{% for f in s.distributions %}{{ figure(f) }}{% endfor %}{% endif %}
 </section>
 {% endfor %}
 {% endblock %}

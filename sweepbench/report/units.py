@@ -13,3 +13,13 @@ def format_bytes(n: float) -> str:
         return f"{n:g} B"
     exp = min(int(math.log(n, 1024)), len(_BYTE_UNITS) - 1)
     return f"{n / 1024 ** exp:.3g} {_BYTE_UNITS[exp]}"
+
+
+def format_time(seconds: float) -> str:
+    """``0.00991`` -> ``9.91 ms``: 3 significant digits in s, ms or µs."""
+    if not math.isfinite(seconds):
+        return str(seconds)
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"

@@ -1,8 +1,11 @@
 """``sweepbench report SWEEP --wandb``: a saved wandb workspace view of a sweep (wandb-workspaces,
 the optional extra ``pip install "sweepbench[workspaces]"``).
 
-The view's run set is filtered to the sweep's group, grouped by the config keys the sweep varied;
-each benchmark gets a section: line panels of its per-case history (busbw over message size, ...,
+The view's run set is filtered to the sweep's group, grouped by the config keys the sweep varied.
+It opens, per benchmark, with the chart of the axes the sweep varied (``axes``: the benchmark's
+first headline metric against the scale that varied, a scatter of the runs coloured by group,
+or a bar per configuration when only categorical axes varied) and the sweep's answer (the
+"fastest" ranking of the report page, as Markdown). Then each benchmark gets a section: line panels of its per-case history (busbw over message size, ...,
 the same column rules as the runs' own custom charts), a bar panel of its headline numbers and a
 parallel-coordinates panel from the swept keys to the headlines; a baseline run can be pinned.
 The spec is built without a network (``build_workspace``); only ``publish_workspace`` talks to
@@ -59,6 +62,33 @@ def run_id(job: dict[str, Any]) -> str | None:
     return match.group(1) if match else None
 
 
+def varied_section(ws: Any, wr: Any, bench: str, jobs: list[dict[str, Any]]) -> Any:
+    """The section the view opens with: the chart of the axes the sweep varied, and its answer."""
+    from sweepbench.report.answer import answer_benchmark
+    from sweepbench.report.axes import WORLD, layout
+    from sweepbench.report.page import headline_hooks
+    from sweepbench.report.varied import better
+
+    lay = layout(jobs)
+    heads = [h for j in jobs for h in headline_hooks(j) if better(h.key, h.better)]
+    panels: list[Any] = []
+    if heads and (lay.x is not None or lay.series):
+        metric, name = heads[0].key, heads[0].label.split(" @")[0]
+        if lay.x is not None:
+            x = wr.SummaryMetric(WORLD) if lay.x.key == WORLD else wr.Config(lay.x.key)
+            panels.append(wr.ScatterPlot(title=f"{name} vs {lay.x.name}", x=x, y=wr.SummaryMetric(metric),
+                                         log_x=lay.x.key.endswith("_bytes")))
+        else:
+            panels.append(wr.BarPlot(title=f"{name} per {', '.join(a.name for a in lay.series)}",
+                                     metrics=[wr.SummaryMetric(metric)], groupby=wr.Config(lay.series[0].key)))
+    answer = answer_benchmark(bench, jobs)
+    lines = [f"- {r.sentence()}" for r in answer.rankings if len(r.entries) > 1]
+    lines += [f"- failed: {j['config'] or j['tag']} ({j['status']})" for j in answer.failed]
+    if lines:
+        panels.append(wr.MarkdownPanel(markdown=f"**Fastest {bench}**\n\n" + "\n".join(lines)))
+    return ws.Section(name=f"{bench}: what the sweep varied", panels=panels, is_open=True)
+
+
 def build_workspace(sweep: Sweep, *, entity: str, project: str, baseline: str | None = None) -> Any:
     """The workspace view of ``sweep`` (a ``wandb_workspaces.workspaces.Workspace``)."""
     ws, wr = _import_workspaces()
@@ -69,6 +99,8 @@ def build_workspace(sweep: Sweep, *, entity: str, project: str, baseline: str | 
     for job in sweep.jobs:
         if job.get("benchmark"):
             by_bench.setdefault(job["benchmark"], []).append(job)
+    for bench, jobs in sorted(by_bench.items()):
+        sections.append(varied_section(ws, wr, bench, jobs))
     for bench, jobs in sorted(by_bench.items()):
         columns = {k for j in jobs for c in (j.get("results") or {}).get("cases", []) for k in c}
         heads = list(dict.fromkeys(key for j in jobs for key, _ in headlines(j)))
@@ -107,7 +139,8 @@ def publish_workspace(sweep: Sweep, *, baseline: str | None = None) -> int:
     mode = os.environ.get("WANDB_MODE") or "online"
     if mode in ("offline", "disabled", "dryrun"):
         print(f"sweepbench: WANDB_MODE={mode}: publishing a workspace needs wandb online and a login "
-              f"(`wandb login`, then `wandb sync {sweep.path}/*/wandb/offline-run-*`); nothing was published",
+              f"(`wandb login`, then `wandb sync {sweep.path}/*/wandb/offline-run-* "
+              f"{sweep.path}/.fastest/wandb/offline-run-*`); nothing was published",
               file=sys.stderr)
         return 0
     import wandb

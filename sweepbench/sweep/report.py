@@ -3,10 +3,16 @@
 The summary has one table per benchmark, its metric columns the benchmark's own ``headline(cfg)``
 (labels with units and the size they refer to), as many as fit the terminal's width (rich's
 Console: the terminal, else ``COLUMNS``, else 80); the rest are in results.csv. A job skipped
-because it was already done reads ``ok (resumed)``."""
+because it was already done reads ``ok (resumed)``.
+
+Then the sweep's answer (``sweepbench.report.answer``): per benchmark, the fastest configuration
+of each group, named by the axes the sweep varied (not by its long tag), its runner-up and
+whether the gap is real, in the terminal's width; the same ranking goes to wandb as a table of a
+``fastest`` run in the sweep's group."""
 
 from __future__ import annotations
 
+import logging
 import math
 import shlex
 from pathlib import Path
@@ -21,6 +27,8 @@ from sweepbench.record.atomic import read_json
 if TYPE_CHECKING:
     import pandas as pd
 
+log = logging.getLogger(__name__)
+MAX_RANKINGS = 12  # rows of the terminal's ranking per benchmark (the page has them all)
 STATUS_STYLE = {"ok": "green", "failed": "red", "timeout": "red", "interrupted": "yellow", "skipped": "yellow"}
 FIXED_WIDTH = 14 + 5 + 16  # status, ranks, error: their least useful widths (the tag's is added)
 TAG_WIDTH = 44  # a default tag fits on one line up to this
@@ -132,3 +140,53 @@ def print_summary(results: "pd.DataFrame", *, sweep_dir: Path) -> None:
             table.add_row(escape(_fmt(row.get("tag"))), _status(row), _fmt(row.get("world_size")), *cells,
                           escape(_fmt(row.get("error"))))  # an error may hold "[...]"
         console.print(table)
+    try:  # the answer is read back from the jobs' records: a failure here never fails the sweep
+        answers = print_answer(sweep_dir, console=console)
+        log_answer(sweep_dir, answers)
+    except Exception as err:
+        print(f"sweepbench: no ranking ({type(err).__name__}: {err})")
+
+
+def print_answer(sweep_dir: Path, *, console: Console | None = None) -> list[Any]:
+    """Print the ranking of every benchmark of the sweep; return the answers (``report.answer``)."""
+    from sweepbench.report.answer import answer_jobs
+    from sweepbench.report.load import load_sweep
+    from sweepbench.report.units import format_time
+
+    console = console or _console()
+    answers = answer_jobs(load_sweep(sweep_dir).jobs)
+    for a in answers:
+        ranked = [r for r in a.rankings if len(r.entries) > 1]
+        if not ranked and not a.failed:
+            continue
+        varied = ", ".join(x.name for x in a.layout.series) or "nothing"
+        table = Table(title=f"fastest {a.benchmark} (ranked: {varied})", title_justify="left")
+        table.add_column("where", overflow="fold")
+        table.add_column("fastest", overflow="fold")
+        table.add_column("runner-up", overflow="fold")
+        table.add_column("gap", overflow="fold")
+        for r in ranked[:MAX_RANKINGS]:
+            first, second = r.entries[:2]
+            table.add_row(escape(r.where), escape(f"{first.label} {format_time(first.median_s)}"),
+                          escape(f"{second.label} {format_time(second.median_s)}"), escape(r.gap()))
+        for job in a.failed:
+            table.add_row("", escape(job["config"] or job["tag"]), f"[red]{escape(job['status'])}[/red]",
+                          escape(job["error"][:60]))
+        if len(ranked) > MAX_RANKINGS:
+            table.caption = f"{len(ranked) - MAX_RANKINGS} more groups in report.html"
+        console.print(table)
+    return answers
+
+
+def log_answer(sweep_dir: Path, answers: list[Any]) -> None:
+    """The ranking as a wandb table of a ``fastest`` run in the sweep's group (when wandb is on and
+    something was ranked)."""
+    from sweepbench.record.wandb_run import log_ranking
+    from sweepbench.report.answer import COLUMNS
+
+    rows = [row for a in answers for r in a.rankings if len(r.entries) > 1 for row in r.rows()]
+    jobs = [j for a in answers for r in a.rankings for e in r.entries for j in [e.job]]
+    group = next((g for j in jobs if (g := (j.get("wandb") or {}).get("group"))), None)
+    if rows and group:
+        log_ranking(sweep_dir, group=group, wandb_cfg=jobs[0]["config"].get("wandb") or {},
+                    columns=list(COLUMNS), rows=[[row[c] for c in COLUMNS] for row in rows])

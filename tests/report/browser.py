@@ -31,6 +31,24 @@ _FIGURES_JS = """JSON.stringify([...document.querySelectorAll('figure')].map(f =
           drawn: s ? s.querySelectorAll('path, use, text, rect, image').length : 0};
 }))"""
 
+# every pair of text boxes of one figure that intersect (matplotlib draws each text, a tick label,
+# a title, a legend entry, as a <g id="...text_N"> group of glyph paths; the comment in it holds the
+# text): what a person would see as labels written over each other
+_OVERLAPS_JS = """JSON.stringify([...document.querySelectorAll('figure')].flatMap(f => {
+  const boxes = [...f.querySelectorAll('svg g[id*="text_"]')].map(g => {
+    const r = g.getBoundingClientRect();
+    const note = [...g.childNodes].find(n => n.nodeType === 8);
+    return {text: note ? note.data.trim() : g.id, x0: r.left, y0: r.top, x1: r.right, y1: r.bottom};
+  }).filter(b => b.x1 > b.x0 && b.y1 > b.y0);
+  const out = [];
+  for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+    const a = boxes[i], b = boxes[j];
+    const w = Math.min(a.x1, b.x1) - Math.max(a.x0, b.x0), h = Math.min(a.y1, b.y1) - Math.max(a.y0, b.y0);
+    if (w > 0.5 && h > 0.5) out.push({figure: f.dataset.title || '', a: a.text, b: b.text});
+  }
+  return out;
+}))"""
+
 
 def chromium_binary() -> str:
     for candidate in ("/usr/lib/chromium/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
@@ -45,6 +63,8 @@ class PageVisit:
     console_errors: list[str] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
     figures: list[dict[str, Any]] = field(default_factory=list)
+    overlaps: list[dict[str, str]] = field(default_factory=list)  # intersecting text boxes of one figure
+    texts: int = 0  # text boxes seen in figures (the overlap check had something to check)
     title: str = ""
     text: str = ""
     screenshot: bytes = b""
@@ -159,6 +179,8 @@ def _visit(pipe: _Pipe, url: str, *, settle_s: float, timeout: float) -> PageVis
 
     page = PageVisit(url=url)
     page.figures = json.loads(evaluate(_FIGURES_JS))
+    page.overlaps = json.loads(evaluate(_OVERLAPS_JS))
+    page.texts = evaluate("document.querySelectorAll('figure svg g[id*=\"text_\"]').length")
     page.title = evaluate("document.title")
     page.text = evaluate("document.body.innerText")
     metrics = pipe.send("Page.getLayoutMetrics", session=session)["cssContentSize"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -89,9 +90,25 @@ def test_headline_columns_and_hook_figures(report_sweeps: dict[str, SweepRun], p
     titles = [f["title"] for f in seen.figures]
     for bench, title in HOOK_FIGURES.items():
         assert any(title in t for t in titles), (bench, titles)
-    # one per-iteration figure per ok job
+        # one per-iteration figure per benchmark, every job side by side (not one chart per job)
+        assert titles.count(f"{bench}: per-iteration times") == 1, titles
     ok = [tag for r in report_sweeps.values() for tag, m in r.all_metrics().items() if m["status"] == "ok"]
-    assert set(ok) <= set(titles)
+    assert not set(ok) & set(titles)
+
+
+def test_fastest_section_lists_failed_jobs(page: tuple[Path, PageVisit]) -> None:
+    """The collective sweep varied fault.kind (none, raise): the failed job is in the answer, by
+    the axis that varied, with its error, never dropped."""
+    _, seen = page
+    fastest = seen.text[seen.text.index("Fastest"):seen.text.index("git commit")]
+    assert "collective (varied: fault.kind)" in fastest
+    assert "Failed (1):" in fastest and "fault.kind=raise failed" in fastest and "injected fault" in fastest
+
+
+def test_no_label_overlaps(page: tuple[Path, PageVisit]) -> None:
+    _, seen = page
+    assert seen.texts > 5 * len(seen.figures)  # the check saw the labels of every figure
+    assert seen.overlaps == [], seen.overlaps
 
 
 def test_save_jobs_round_trip(report_sweeps: dict[str, SweepRun], tmp_path: Path) -> None:
@@ -114,6 +131,58 @@ def test_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     proc = sweepbench_cli("report", tmp_path / "empty")
     assert proc.returncode == 2 and "holds no job" in proc.stderr
+
+
+def _one_line_exit_2(proc: subprocess.CompletedProcess, *names: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("sweepbench: error: ") and all(n in line for n in names), line
+
+
+def test_report_to_a_path_it_cannot_write(report_sweeps: dict[str, SweepRun], tmp_path: Path) -> None:
+    sweep = report_sweeps["refit"].sweep_dir
+    _one_line_exit_2(sweepbench_cli("report", sweep, "-o", "/proc/report.html"), "/proc/report.html")
+    _one_line_exit_2(sweepbench_cli("report", sweep, "-o", tmp_path), str(tmp_path), "is a directory")
+    (tmp_path / "file").write_text("x")
+    _one_line_exit_2(sweepbench_cli("report", sweep, "-o", tmp_path / "file" / "r.html"), "r.html", "not a directory")
+    _one_line_exit_2(sweepbench_cli("report", sweep, "-o", tmp_path / "r.html", "--save-jobs", "/proc/jobs.json"),
+                     "/proc/jobs.json")
+    assert not (tmp_path / "r.html").exists()  # checked before anything was written
+    _one_line_exit_2(sweepbench_cli("compare", sweep, sweep, "-o", "/proc/out"), "/proc/out")
+
+
+def _truncated_copy(sweep: Path, dest: Path, *, jobs: int | None = None) -> list[str]:
+    """A copy of ``sweep`` whose first ``jobs`` (all) metrics.json files are cut in half."""
+    shutil.copytree(sweep, dest, ignore=shutil.ignore_patterns("wandb", "compare.*"))
+    cut = sorted(dest.glob("*/metrics.json"))[:jobs]
+    for path in cut:
+        path.write_text(path.read_text()[:200])
+    return [p.parent.name for p in cut]
+
+
+def test_compare_with_unreadable_records(report_sweeps: dict[str, SweepRun], tmp_path: Path) -> None:
+    good = report_sweeps["refit"].sweep_dir
+    broken = tmp_path / "broken"
+    (tag,) = _truncated_copy(good, broken)
+    proc = sweepbench_cli("compare", good, broken, "--fail-on-regression")
+    _one_line_exit_2(proc, str(broken / tag / "metrics.json"), "cannot be read")
+    assert not list(broken.glob("compare.*"))  # nothing written into the broken sweep
+
+
+def test_an_unreadable_job_is_named_and_fails_the_gate(report_sweeps: dict[str, SweepRun], tmp_path: Path) -> None:
+    good = report_sweeps["collective"].sweep_dir  # two jobs: fault.kind=none (ok) and raise (failed)
+    half = tmp_path / "half"
+    (tag,) = _truncated_copy(good, half, jobs=1)
+    proc = sweepbench_cli("compare", good, half, "--on", "fault.kind")
+    assert proc.returncode == 0, proc.stderr  # without the gate: reported, not an error
+    assert re.search(rf"unreadable\s+{tag}\s+{re.escape(str(half / tag / 'metrics.json'))} cannot be read", proc.stdout)
+    assert "1 jobs unreadable" in proc.stdout
+    proc = sweepbench_cli("compare", good, half, "--on", "fault.kind", "--fail-on-regression")
+    assert proc.returncode == 1 and "1 unreadable jobs (--fail-on-regression)" in proc.stderr
+    # the report lists it among the failed jobs, by name
+    assert sweepbench_cli("report", half, "-o", tmp_path / "r.html").returncode == 0
+    page = (tmp_path / "r.html").read_text()
+    assert tag in page and "unreadable" in page and "cannot be read" in page
 
 
 def test_browser_check_catches_a_bad_page(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from sweepbench.record.wandb_run import group_name, redact, redact_overrides
 from sweepbench.report.load import load_sweep
 
 from ..conftest import SweepRun, run_sweepbench, wandb_inspect
+from .answer_sweeps import answer_sweeps  # noqa: F401 (a session fixture)
 from .conftest import SECRET, SECRETS_SWEEP, sweepbench_cli
 
 
@@ -172,7 +173,12 @@ def test_workspace_spec_offline(report_sweeps: dict[str, SweepRun], tmp_path: Pa
     assert [g.name for g in rs.groupby] == ["fault.kind"]  # the key the sweep varied
     assert rs.baseline_run == run_id(ok) and rs.pinned_runs == [run_id(ok)]
     assert run_id(ok) == Path(ok["wandb"]["dir"]).name.rsplit("-", 1)[1]
-    (section,) = view.sections
+    opening, section = view.sections
+    # it opens with the chart of what the sweep varied (fault.kind only: a bar per value) and the answer
+    assert opening.name == "collective: what the sweep varied" and opening.is_open
+    bar, answer = opening.panels
+    assert type(bar).__name__ == "BarPlot" and bar.groupby.name == "fault.kind"
+    assert "fault.kind=raise (failed)" in answer.markdown
     assert section.name == "collective"
     kinds = [type(p).__name__ for p in section.panels]
     assert kinds == ["LinePlot", "BarPlot", "ParallelCoordinatesPlot"]
@@ -181,6 +187,37 @@ def test_workspace_spec_offline(report_sweeps: dict[str, SweepRun], tmp_path: Pa
     assert spec["entity"] == "me" and spec["displayName"].startswith("sweepbench ")
     with pytest.raises(ValueError, match="is not the tag of a job"):
         build_workspace(sweep, entity="me", project="p", baseline="nope")
+
+
+def test_workspace_opens_with_the_varied_axes(answer_sweeps: dict[str, SweepRun]) -> None:  # noqa: F811
+    from sweepbench.report.workspace import build_workspace
+
+    view = build_workspace(load_sweep(answer_sweeps["attention"].sweep_dir), entity="me", project="p")
+    json.loads(view._to_model().model_dump_json(by_alias=True))  # a spec .save() can send
+    opening = view.sections[0]
+    assert opening.name == "attention: what the sweep varied"
+    scatter, answer = opening.panels
+    assert type(scatter).__name__ == "ScatterPlot" and scatter.title == "fwd+bwd ms vs seq_len"
+    assert scatter.x.name == "benchmark.seq_len" and scatter.y.name == "total_median_ms"
+    assert "seq_len=64: " in answer.markdown and "seq_len=128: " in answer.markdown
+    assert {g.name for g in view.runset_settings.groupby} == {"benchmark.impl", "benchmark.seq_len"}
+
+
+def test_ranking_table_in_the_sweeps_group(answer_sweeps: dict[str, SweepRun]) -> None:  # noqa: F811
+    from sweepbench.report.answer import COLUMNS
+
+    sweep = answer_sweeps["slow"]
+    (run_dir,) = (sweep.sweep_dir / ".fastest" / "wandb").glob("offline-run-*")
+    run = run_record(records(run_dir))
+    groups = {m["wandb"]["group"] for m in sweep.all_metrics().values()}
+    assert run["run_group"] in groups and len(groups) == 1
+    assert run["display_name"] == "fastest" and run["job_type"] == "ranking"
+    table = summary_tables(run_dir)["fastest"]
+    assert table["columns"] == list(COLUMNS)
+    rows = [dict(zip(table["columns"], row)) for row in table["data"]]
+    assert [(r["rank"], r["config"]) for r in rows] == [(1, "fault.factor=1"), (2, "fault.factor=2")]
+    assert rows[0]["verdict"] == "fastest" and rows[1]["verdict"] == "slower" and rows[1]["p_value"] < 0.002
+    assert rows[1]["ratio"] > 1.5 and rows[0]["tag"] in sweep.all_metrics()
 
 
 def test_report_wandb_offline_publishes_nothing(report_sweeps: dict[str, SweepRun], tmp_path: Path,
