@@ -42,8 +42,8 @@ from omegaconf import DictConfig
 
 from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline
 from sweepbench.benchmarks.registry import register
-from sweepbench.benchmarks.reshard_suites import ResolvedCase, mesh_str, suite_cases
-from sweepbench.benchmarks.transfer import TransferConfig, check_transfer_options, time_transfer, transfer_strategy
+from sweepbench.parallel.reshard_suites import ResolvedCase, mesh_str, suite_cases
+from sweepbench.parallel.transfer import TransferConfig, check_transfer_options, time_transfer, transfer_strategy
 from sweepbench.parallel import Plan, make_plan
 
 # the summary (results.csv, wandb) holds these per case, as <case>_<key>

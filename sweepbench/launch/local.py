@@ -113,7 +113,7 @@ def _show_progress(store: Any, status: Any) -> None:
 def launch_local(cfg: DictConfig, *, world_size: int, job_dir: Path) -> JobOutcome:
     import torch.distributed as dist  # only where a job runs
 
-    from sweepbench.sweep import interrupt, status as sweep_status
+    from sweepbench.launch import interrupt, status as sweep_status
 
     interrupt.check()  # a stop asked for during the previous job: start nothing
     launch_id = uuid.uuid4().hex[:12]
@@ -145,7 +145,7 @@ def launch_local(cfg: DictConfig, *, world_size: int, job_dir: Path) -> JobOutco
 
 def _supervise(cfg: DictConfig, procs: list[subprocess.Popen], store: Any, status: Any, *, job_dir: Path,
                payload_path: Path, tic: float) -> JobOutcome:
-    from sweepbench.sweep import interrupt
+    from sweepbench.launch import interrupt
 
     world_size = len(procs)
     deadline = tic + cfg.launch.timeout_s

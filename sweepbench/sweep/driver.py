@@ -21,7 +21,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from sweepbench.config.validate import check_local_fit, validate
 from sweepbench.record.atomic import write_atomic
-from sweepbench.sweep import interrupt, resume, status
+from sweepbench.launch import interrupt, status
+from sweepbench.sweep import resume
 from sweepbench.sweep.errors import error_line, exit_bad_input
 from sweepbench.sweep.report import print_plan
 from sweepbench.sweep.sweepdir import SweepLock, check_writable

@@ -23,7 +23,7 @@ from sweepbench.launch.local import JobOutcome
 from sweepbench.launch.rank_errors import first_raised
 from sweepbench.launch.slurm import TASKS_ARE_RANKS, start_rank_log
 from sweepbench.launch.slurm_request import SlurmRequest, executor_init, executor_parameters, job_request
-from sweepbench.launch.slurm_watch import WATCHERS, Tracked, died_how, stderr_tail, wait_all
+from sweepbench.sweep.slurm_watch import WATCHERS, Tracked, died_how, stderr_tail, wait_all
 from sweepbench.record.atomic import read_json, write_json_atomic
 from sweepbench.record.env import capture_env
 from sweepbench.record import ENV_FILE, METRICS_FILE

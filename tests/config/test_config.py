@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from sweepbench.config.validate import GPU_BACKENDS, validate, visible_gpus
 
-from .conftest import COLLECTIVE, run_sweepbench
+from tests.conftest import COLLECTIVE, run_sweepbench
 
 GROUPS = ("model", "parallelism", "backend", "mode", "benchmark")
 

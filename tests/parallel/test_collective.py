@@ -18,7 +18,7 @@ from sweepbench.benchmarks.collective import ALL_OPS, CollectiveBenchmark, Verif
 from sweepbench.measure.collectives import OPS, Buffers
 from sweepbench.measure.stats import summarize
 
-from .conftest import SMALL, SweepRun
+from tests.conftest import SMALL, SweepRun
 
 # nccl-tests' busbw factors (doc/PERFORMANCE.md), written out independently of the code under test
 NCCL_TESTS_FACTOR = {

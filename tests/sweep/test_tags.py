@@ -16,7 +16,7 @@ from sweepbench.config.schema import OUTPUT_ONLY_KEYS
 from sweepbench.config.validate import validate
 from sweepbench.sweep.tags import HASH_LEN, config_hash, make_tag, tagged_config
 
-from .conftest import COLLECTIVE, planned_tag, run_sweepbench
+from tests.conftest import COLLECTIVE, planned_tag, run_sweepbench
 
 SAFE = re.compile(r"^[A-Za-z0-9._=-]+$")
 HEX = re.compile(rf"^[0-9a-f]{{{HASH_LEN}}}$")
