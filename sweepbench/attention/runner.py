@@ -24,7 +24,7 @@ from sweepbench.attention.ops import backends_for
 from sweepbench.attention.placement import shard_sequence, unshard_sequence
 from sweepbench.attention.registry import get_impl
 from sweepbench.attention.scaling import Shape, attention_flops, make_inputs, mismatch, peak_tflops, single_device
-from sweepbench.benchmarks.base import VerificationError
+from sweepbench.core import VerificationError
 from sweepbench.measure import summarize, time_iterations
 from sweepbench.measure.memory import memory_peaks, reset_peaks
 from sweepbench.measure.progress import case_done

@@ -13,9 +13,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, VerificationError
+from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline
 from sweepbench.benchmarks.registry import register
 from sweepbench.config.schema import BenchmarkConfig
+from sweepbench.core import VerificationError
 from sweepbench.report.units import format_bytes
 
 ALL_OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv"]  # measure.collectives.OPS

@@ -15,26 +15,19 @@ import signal
 import subprocess
 import time
 import uuid
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from sweepbench.core import JobOutcome
 from sweepbench.launch.rank_errors import clear_rank_errors, first_raised, has_record
 from sweepbench.record.atomic import read_json, temp_pattern
 
 POLL_S = 0.2
 SPEC_ENV = "SWEEPBENCH_RANK_SPEC"
 PROGRESS_KEY = "sweepbench/progress"
-
-
-@dataclass
-class JobOutcome:
-    status: str  # ok | failed | timeout | interrupted
-    error: str | None = None
-    payload: dict[str, Any] = field(default_factory=dict)
 
 
 def rank_python(cfg: DictConfig) -> str:

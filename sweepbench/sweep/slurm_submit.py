@@ -19,7 +19,7 @@ from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from omegaconf import DictConfig, open_dict
 
 from sweepbench.config.validate import validate
-from sweepbench.launch.local import JobOutcome
+from sweepbench.core import JobOutcome
 from sweepbench.launch.rank_errors import first_raised
 from sweepbench.launch.slurm import TASKS_ARE_RANKS, start_rank_log
 from sweepbench.launch.slurm_request import SlurmRequest, executor_init, executor_parameters, job_request

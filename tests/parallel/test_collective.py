@@ -13,8 +13,8 @@ import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sweepbench.benchmarks.base import RankContext
-from sweepbench.benchmarks.collective import ALL_OPS, CollectiveBenchmark, VerificationError, message_sizes
+from sweepbench.benchmarks.collective import ALL_OPS, CollectiveBenchmark, message_sizes
+from sweepbench.core import RankContext, VerificationError
 from sweepbench.measure.collectives import OPS, Buffers
 from sweepbench.measure.stats import summarize
 
