@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from omegaconf import DictConfig
 
 from sweepbench.benchmarks.registry import load_all
 from sweepbench.config.store import store_schemas
+from sweepbench.sweep import compose
 
 
 def config_source() -> str:
@@ -58,40 +58,21 @@ def register_sweeper() -> None:
         plugins.register(plugin)
 
 
-_FULL_ERROR = "HYDRA_FULL_ERROR"
-_raise_compose_errors = False
-
-
-def composed() -> None:
-    """Called by the sweeper once Hydra has composed the sweep's config: from here on Hydra
-    reports errors its own way again (and the jobs do not see main()'s HYDRA_FULL_ERROR)."""
-    global _raise_compose_errors
-    if _raise_compose_errors:
-        os.environ.pop(_FULL_ERROR, None)
-        _raise_compose_errors = False
-
-
 def main() -> None:
-    global _raise_compose_errors
     from sweepbench.report.cli import maybe_run  # `sweepbench report|compare ...`; imported lazily
     if maybe_run():
         return
     register_sweeper()
     store_schemas()
     load_all()
-    # Hydra composes the sweep's config before the sweeper runs; an error there (a typo'd key, a
-    # wrong type, an unknown option) would come out in several lines with exit 1. HYDRA_FULL_ERROR
-    # lets it reach us, to be reported like any other bad input: one line, exit 2.
-    if os.environ.get(_FULL_ERROR) != "1":
-        os.environ[_FULL_ERROR] = "1"
-        _raise_compose_errors = True
+    compose.raise_compose_errors()  # a compose error: one line, exit 2 (sweep.compose says why)
     try:
         _hydra_main()
     except KeyboardInterrupt:  # before any job started (a running local sweep stops on its own)
         print("sweepbench: interrupted", file=sys.stderr)
         sys.exit(130)
     except HydraException as err:
-        if not _raise_compose_errors:
+        if not compose.raising():
             raise
         from sweepbench.sweep.errors import error_line, exit_bad_input
 
