@@ -128,7 +128,7 @@ class RefitBenchmark(Benchmark):
 
     def run(self) -> BenchmarkResult:
         from sweepbench.measure import summarize
-        from sweepbench.measure.link import probe_links
+        from sweepbench.parallel.link import probe_links
         from sweepbench.measure.progress import case_done
 
         ctx, cfg = self.ctx, self.cfg

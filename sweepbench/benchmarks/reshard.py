@@ -155,7 +155,7 @@ class ReshardBenchmark(Benchmark):
         suite_cases(b)
 
     def run(self) -> BenchmarkResult:
-        from sweepbench.measure.link import probe_links
+        from sweepbench.parallel.link import probe_links
         from sweepbench.measure.progress import case_done
 
         ctx, cfg = self.ctx, self.cfg
