@@ -19,9 +19,9 @@ from hydra.core.utils import JobStatus
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from sweepbench.config.validate import check_local_fit, validate
-from sweepbench.record.atomic import write_atomic
 from sweepbench.launch import interrupt, status
+from sweepbench.launch.preflight import check_local_fit, validate
+from sweepbench.record.atomic import write_atomic
 from sweepbench.sweep import resume
 from sweepbench.sweep.errors import error_line, exit_bad_input
 from sweepbench.sweep.report import print_plan

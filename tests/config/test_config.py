@@ -11,7 +11,8 @@ import pytest
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from sweepbench.config.validate import GPU_BACKENDS, validate, visible_gpus
+from sweepbench.config.validate import GPU_BACKENDS, visible_gpus
+from sweepbench.launch.preflight import validate
 
 from tests.conftest import COLLECTIVE, run_sweepbench
 

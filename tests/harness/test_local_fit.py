@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sweepbench.config.validate import check_local_fit, host_memory_bytes, validate
+from sweepbench.launch.preflight import check_local_fit, host_memory_bytes, validate
 
 from ..conftest import run_sweepbench
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sweepbench.config.validate import validate
+from sweepbench.launch.preflight import validate
 
 from tests.conftest import SweepRun, run_sweepbench
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from sweepbench.config.schema import OUTPUT_ONLY_KEYS
-from sweepbench.config.validate import validate
+from sweepbench.launch.preflight import validate
 from sweepbench.sweep.tags import HASH_LEN, config_hash, make_tag, tagged_config
 
 from tests.conftest import COLLECTIVE, planned_tag, run_sweepbench
