@@ -17,9 +17,9 @@ from sweepbench.sweep import compose
 
 def config_source() -> str:
     """Where the config groups are: the installed package ``sweepbench.conf`` (a wheel ships
-    ``conf/`` under that name), else the checkout's top-level ``conf/``. The checkout case is
-    ``python -m sweepbench`` typed in the clone: its ``./sweepbench`` folder shadows the installed
-    package and has no ``conf/`` of its own."""
+    ``conf/`` under that name; in a checkout ``sweepbench/conf`` is a link to it), else the
+    checkout's top-level ``conf/``: ``python -m sweepbench`` typed in a copy of the clone that
+    dropped the link, whose ``./sweepbench`` folder shadows the installed package."""
     import importlib.util
 
     try:
