@@ -55,7 +55,7 @@ def test_hash_covers_the_config_without_output_only_keys(compose) -> None:
 
 
 def test_every_group_option_gives_its_own_tag(compose) -> None:
-    from .test_config import group_options
+    from tests.config.test_config import group_options
 
     jobs = [[f"model={m}"] for m in group_options("model")]
     jobs += [[f"parallelism={p}", *(["model=tiny_moe"] if p.startswith("ep") else [])]
