@@ -24,8 +24,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("sweepbench.attention",),
     ("sweepbench.parallel",),
     ("sweepbench.report",),
-    ("sweepbench.record",),
     ("sweepbench.measure",),
+    ("sweepbench.record",),  # below measure: whatever writes a file writes it with record.atomic
     ("sweepbench.config",),
     ("sweepbench.core", "sweepbench"),
 ]
