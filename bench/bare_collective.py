@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from sweepbench.benchmarks.base import RankContext
 from sweepbench.benchmarks.collective import CollectiveBenchmark, CollectiveConfig
+from sweepbench.core import RankContext
 
 
 def main() -> None:

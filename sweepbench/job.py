@@ -15,8 +15,9 @@ from typing import Any, Callable
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from sweepbench.config.validate import validate
-from sweepbench.launch.local import JobOutcome, launch_local
+from sweepbench.core import JobOutcome
+from sweepbench.launch.local import launch_local
+from sweepbench.launch.preflight import validate
 from sweepbench.launch.slurm import in_rank_task, run_slurm_tasks
 from sweepbench.record.recorder import record_job
 from sweepbench.sweep.tags import make_tag

@@ -164,7 +164,7 @@ def compose() -> Iterator[Callable[..., DictConfig]]:
 
 def planned_tag(compose: Callable[..., DictConfig], *overrides: str) -> str:
     """The tag sweepbench gives the job these overrides make."""
-    from sweepbench.config.validate import validate
+    from sweepbench.launch.preflight import validate
     from sweepbench.sweep.tags import make_tag
 
     cfg = compose(*overrides)

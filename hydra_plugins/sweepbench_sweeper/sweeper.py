@@ -36,9 +36,9 @@ class SweepbenchSweeper(Sweeper):
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         from hydra.core.plugins import Plugins
 
-        from sweepbench.cli import composed
+        from sweepbench.sweep import compose_errors
 
-        composed()
+        compose_errors.composed()
         self.hydra_context = hydra_context
         self.config = config
         self.launcher = Plugins.instance().instantiate_launcher(

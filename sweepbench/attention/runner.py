@@ -33,7 +33,7 @@ from sweepbench.attention.registry import get_impl
 from sweepbench.attention.reuse import SweepStore
 from sweepbench.attention.scaling import Shape, attention_flops, make_inputs, mismatch, peak_tflops
 from sweepbench.attention.single import T1Case, t1_and_reference
-from sweepbench.benchmarks.base import VerificationError
+from sweepbench.core import VerificationError
 from sweepbench.measure import summarize, time_iterations
 from sweepbench.measure.memory import memory_peaks, reset_peaks
 from sweepbench.measure.progress import case_done

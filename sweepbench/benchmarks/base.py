@@ -4,33 +4,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from omegaconf import DictConfig
 
 from sweepbench.config.schema import BenchmarkConfig
+from sweepbench.core import RankContext
 
 if TYPE_CHECKING:  # torch is imported only where a job runs (ranks), never on the driver's path
     import torch
     from matplotlib.figure import Figure
-
-
-class VerificationError(AssertionError):
-    """A benchmark's output differs from its reference: the job fails, its times are not reported."""
-
-
-@dataclass
-class RankContext:
-    """Where a rank stands: its place in the default process group and its device."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    device: "torch.device"
-    backend: str  # the backend actually used (never "auto")
-    cfg: DictConfig  # the whole resolved job config
-    job_dir: Path | None = None  # the job's directory (for files a benchmark writes: traces, event files)
 
 
 @dataclass

@@ -16,9 +16,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, VerificationError
+from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline
 from sweepbench.benchmarks.registry import register
 from sweepbench.config.schema import BenchmarkConfig
+from sweepbench.core import VerificationError
 from sweepbench.measure.collective_impls import ALL_OPS, DTYPE_BYTES, get_impl
 from sweepbench.report.units import format_bytes
 

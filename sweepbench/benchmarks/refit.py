@@ -21,12 +21,12 @@ from typing import Any
 from omegaconf import DictConfig
 
 from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline
-from sweepbench.benchmarks.layouts import as_node, degrees_of, parse_layout, world_of
 from sweepbench.benchmarks.registry import register
-from sweepbench.benchmarks.transfer import TransferConfig, check_transfer_options, time_transfer, transfer_strategy
 from sweepbench.config.validate import check_layout, device_type
-from sweepbench.parallel.impls import check_impl
 from sweepbench.parallel import Layout, make_plan, model_layout, model_param_specs, total_bytes
+from sweepbench.parallel.impls import check_impl
+from sweepbench.parallel.layout_names import as_node, degrees_of, parse_layout, world_of
+from sweepbench.parallel.transfer import TransferConfig, check_transfer_options, time_transfer, transfer_strategy
 
 
 @dataclass
@@ -128,7 +128,7 @@ class RefitBenchmark(Benchmark):
 
     def run(self) -> BenchmarkResult:
         from sweepbench.measure import summarize
-        from sweepbench.measure.link import probe_links
+        from sweepbench.parallel.link import probe_links
         from sweepbench.measure.progress import case_done
 
         ctx, cfg = self.ctx, self.cfg

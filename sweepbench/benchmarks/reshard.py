@@ -1,7 +1,7 @@
 """Cross-mesh resharding of one tensor, after Alpa's microbenchmarks ("On Optimizing the
 Communication of Model Parallelism", Zhuang et al., MLSys 2023).
 
-``benchmark.suite`` picks the cases (see ``reshard_suites``): ``one_to_m`` (one source rank to
+``benchmark.suite`` picks the cases (see ``parallel.reshard_suites``): ``one_to_m`` (one source rank to
 destination meshes of m ranks, replicated = the broadcast case, and sharded), ``n_to_m`` (meshes
 of different sizes and shapes on both sides, specs replicated, sharded on different dims,
 partially replicated) or ``custom`` (``benchmark.cases``). Source and destination meshes are
@@ -13,25 +13,7 @@ warm-up; the slowest rank's time), then check every destination shard bit for bi
 raises ``VerificationError`` naming the case. ``verified`` is true only when every rank checked
 every iteration of every case.
 
-The link floor. The job first probes its links (``probe_links``, with messages the size of the
-cases' tensor unless ``probe_bytes`` says otherwise: ``p2p_gbps``, each rank sending and receiving
-at once; ``broadcast_gbps``, rank 0 to every rank). The floor of a case holds for
-any strategy and balance mode, so ``fraction_of_link`` compares them directly. From the case's
-plan with one route per region (fan-out) and senders balanced by size:
-
-* p2p bound = the busiest rank's bytes / ``p2p_gbps``, where a rank's bytes are the larger of
-  what it must send (each distinct region once, however many ranks need it) and what it must
-  receive;
-* broadcast bound = the bytes that the busiest destination rank must receive of regions that
-  several destination ranks need / ``broadcast_gbps``;
-* ``link_floor_s`` = the larger of the two (``floor_bound`` says which), ``fraction_of_link`` =
-  ``link_floor_s`` / median time.
-
-So for 1-to-m with a replicated destination (m >= 2) the floor is the tensor's bytes / broadcast
-bandwidth (what each destination must receive, at broadcast speed); with sharded destinations it
-is the tensor's bytes / p2p bandwidth (the source must send all of it once); 1-to-1 is a p2p
-copy. ``effective_gbps`` = the busiest rank's bytes / median time. A fraction of 1 is at the link;
-a few percent above 1 is the probe's own noise (the probe is a median of 5 iterations)."""
+The link floor of each case (``effective_gbps``, ``fraction_of_link``) is ``parallel.floor``'s."""
 
 from __future__ import annotations
 
@@ -42,9 +24,10 @@ from omegaconf import DictConfig
 
 from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline
 from sweepbench.benchmarks.registry import register
-from sweepbench.benchmarks.reshard_suites import ResolvedCase, mesh_str, suite_cases
-from sweepbench.benchmarks.transfer import TransferConfig, check_transfer_options, time_transfer, transfer_strategy
-from sweepbench.parallel import Plan, make_plan
+from sweepbench.parallel import make_plan
+from sweepbench.parallel.floor import Floor
+from sweepbench.parallel.reshard_suites import ResolvedCase, mesh_str, suite_cases
+from sweepbench.parallel.transfer import TransferConfig, check_transfer_options, time_transfer, transfer_strategy
 
 # the summary (results.csv, wandb) holds these per case, as <case>_<key>
 SUMMARY_KEYS = ("median_s", "effective_gbps", "fraction_of_link")
@@ -63,36 +46,6 @@ class ReshardConfig(TransferConfig):
     overlap: bool = False  # destination mesh starts at rank 0, sharing ranks with the source mesh
     tensor_bytes: int = 4 << 20  # bytes of each case's tensor (at most; GPU: 1073741824)
     dtype: str = "float32"  # float32 | bfloat16 | float16
-
-
-@dataclass(frozen=True)
-class Floor:
-    """What must cross a link in a case, whatever the strategy (see the module docstring)."""
-
-    busiest_rank_bytes: int
-    fanout_recv_bytes: int
-    moved_bytes: int
-
-    @classmethod
-    def of(cls, plan: Plan) -> Floor:
-        send: dict[int, int] = {}
-        recv: dict[int, int] = {}
-        fan: dict[int, int] = {}
-        for route in plan.routes:
-            if route.is_local:
-                continue
-            send[route.src] = send.get(route.src, 0) + route.nbytes
-            for rank, _ in route.dsts:
-                recv[rank] = recv.get(rank, 0) + route.nbytes
-                if len(route.dsts) > 1:
-                    fan[rank] = fan.get(rank, 0) + route.nbytes
-        busiest = max([*send.values(), *recv.values()], default=0)
-        return cls(busiest, max(fan.values(), default=0), plan.moved_bytes)
-
-    def seconds(self, link: dict[str, float]) -> tuple[float, str]:
-        p2p = self.busiest_rank_bytes / (link["p2p_gbps"] * 1e9)
-        bcast = self.fanout_recv_bytes / (link["broadcast_gbps"] * 1e9)
-        return (bcast, "broadcast") if bcast > p2p else (p2p, "p2p")
 
 
 @register("reshard")
@@ -155,7 +108,7 @@ class ReshardBenchmark(Benchmark):
         suite_cases(b)
 
     def run(self) -> BenchmarkResult:
-        from sweepbench.measure.link import probe_links
+        from sweepbench.parallel.link import probe_links
         from sweepbench.measure.progress import case_done
 
         ctx, cfg = self.ctx, self.cfg

@@ -1,4 +1,5 @@
-"""Cross-field validation, in one place, before any rank starts.
+"""Cross-field validation of the knobs (the job's own checks, which ask its benchmark, are
+``sweepbench.launch.preflight``), and where the job's ranks compute (backend, GPUs visible).
 
 Each check raises ``ValueError`` with one line naming the bad value and what would be valid."""
 
@@ -11,14 +12,10 @@ from typing import Callable
 
 from omegaconf import DictConfig
 
-from sweepbench.launch.faults import FAULTS, check_fault_factor
-from sweepbench.record.wandb_run import check_wandb_names
-
 BACKENDS = ("auto", "gloo", "nccl", "nvshmem")
 GPU_BACKENDS = ("nccl", "nvshmem")
 MODES = ("collocated", "non_collocated")
 DTYPES = ("float32", "bfloat16", "float16")
-FAULT_KINDS = ("none", *FAULTS)
 
 
 @functools.lru_cache(maxsize=1)
@@ -98,7 +95,6 @@ def _check_choices(cfg: DictConfig) -> None:
         "backend.name": (cfg.backend.name, BACKENDS),
         "mode.name": (cfg.mode.name, MODES),
         "model.dtype": (cfg.model.dtype, DTYPES),
-        "fault.kind": (cfg.fault.kind, FAULT_KINDS),
         "wandb.mode": (cfg.wandb.mode, ("online", "offline", "disabled")),
     }
     for key, (value, valid) in choices.items():
@@ -138,26 +134,11 @@ def check_layout(model: DictConfig, par: DictConfig, *, where: str = "parallelis
         raise ValueError(f"{where}.cp={par.cp} does not divide model.seq_len={model.seq_len}")
 
 
-def _check_backend(cfg: DictConfig) -> None:
+def check_backend(cfg: DictConfig) -> None:
+    """A GPU backend needs a GPU on this machine (a check of the machine, not of the knobs)."""
     gpus = visible_gpus()
     if cfg.backend.name in GPU_BACKENDS and gpus == 0:
         raise ValueError(f"backend={cfg.backend.name} needs a GPU, but none is visible; use backend=gloo or auto")
-
-
-def _check_ranks(cfg: DictConfig, world_size: int) -> None:
-    per_node = cfg.launch.ranks_per_node or world_size
-    if world_size % per_node:
-        raise ValueError(f"launch.ranks_per_node={per_node} does not divide world_size={world_size}")
-    if not 0 <= cfg.fault.rank < world_size:
-        raise ValueError(f"fault.rank={cfg.fault.rank} is outside 0..{world_size - 1}")
-
-
-def _check_gpus(cfg: DictConfig, world_size: int) -> None:
-    gpus = visible_gpus()
-    per_node = cfg.launch.ranks_per_node or world_size
-    if resolve_backend(cfg.backend.name) in GPU_BACKENDS and per_node > gpus:
-        raise ValueError(f"{per_node} ranks per node need {per_node} GPUs, but {gpus} are visible "
-                         f"(world_size={world_size}); use a layout of at most {gpus} ranks per node")
 
 
 def _check_parallelism(cfg: DictConfig) -> None:
@@ -165,89 +146,5 @@ def _check_parallelism(cfg: DictConfig) -> None:
 
 
 CHECKS: tuple[Callable[[DictConfig], None], ...] = (
-    _check_positive, _check_choices, _check_model, _check_parallelism, check_fault_factor, check_wandb_names,
+    _check_positive, _check_choices, _check_model, _check_parallelism,
 )
-
-
-def validate_config(cfg: DictConfig) -> int:
-    """The checks that hold on any machine; returns the job's world size."""
-    from sweepbench.benchmarks.registry import get_benchmark
-
-    bench = get_benchmark(cfg.benchmark.name)
-    for check in CHECKS:
-        check(cfg)
-    bench.validate(cfg)
-    world_size = bench.world_size(cfg)
-    _check_ranks(cfg, world_size)
-    return world_size
-
-
-def check_machine(cfg: DictConfig, world_size: int) -> None:
-    """Does this machine have the GPUs the job's backend and ranks per node need?"""
-    _check_backend(cfg)
-    _check_gpus(cfg, world_size)
-
-
-def validate(cfg: DictConfig) -> int:
-    """Validate a resolved job config for a run from this machine; returns its world size."""
-    world_size = validate_config(cfg)
-    check_machine(cfg, world_size)
-    return world_size
-
-
-def fit_note(cfg: DictConfig, world_size: int, *, local: bool) -> str:
-    """Why the job (already through ``validate_config``) would not run from this machine ("" when
-    it would): GPUs missing for its backend, and for a local job (ranks on this machine) too many
-    ranks or too little memory. A dry run records it per job; a real run refuses with it."""
-    try:
-        check_machine(cfg, world_size)
-        if local:
-            check_local_fit(cfg, world_size)
-    except ValueError as err:
-        return str(err)
-    return ""
-
-
-# ---------------------------------------------------------------- jobs whose ranks start on this machine
-
-RANKS_PER_CORE = 4
-MIN_LOCAL_RANKS = 16
-GiB = 1 << 30
-
-
-def max_local_ranks(cfg: DictConfig) -> int:
-    return cfg.launch.max_local_ranks or max(MIN_LOCAL_RANKS, RANKS_PER_CORE * (os.cpu_count() or 1))
-
-
-def host_memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def check_local_fit(cfg: DictConfig, world_size: int) -> None:
-    """A local job (all ranks on this machine): refuse far more ranks than the machine has cores
-    (``launch.max_local_ranks`` to allow them), and more memory than it has: the benchmark's
-    per-rank estimate against each GPU's memory (NVML), or on the CPU against the host's RAM
-    shared by the job's ranks (``launch.skip_memory_check=true`` to run it anyway)."""
-    from sweepbench.benchmarks.registry import get_benchmark
-
-    limit = max_local_ranks(cfg)
-    if world_size > limit:
-        raise ValueError(f"world_size={world_size} is far beyond this machine's {os.cpu_count()} CPU cores "
-                         f"(at most {limit} local ranks); set launch.max_local_ranks={world_size} to run it anyway")
-    if cfg.launch.skip_memory_check:
-        return
-    need = int(get_benchmark(cfg.benchmark.name).memory_bytes(cfg, world_size) or 0)
-    if need <= 0:
-        return
-    force = "set launch.skip_memory_check=true to run it anyway"
-    if resolve_backend(cfg.backend.name) in GPU_BACKENDS:
-        have = min(visible_gpu_memory(), default=0)
-        if need > have:
-            raise ValueError(f"{cfg.benchmark.name} needs about {need / GiB:.1f} GiB per rank, more than a GPU's "
-                             f"{have / GiB:.1f} GiB; use a smaller model or more ranks, or {force}")
-        return
-    have = host_memory_bytes()
-    if need * world_size > have:
-        raise ValueError(f"{cfg.benchmark.name} needs about {need / GiB:.1f} GiB per rank x {world_size} ranks "
-                         f"= {need * world_size / GiB:.1f} GiB, more than this machine's {have / GiB:.1f} GiB "
-                         f"of RAM; use a smaller model (model=tiny) or {force}")

@@ -15,26 +15,19 @@ import signal
 import subprocess
 import time
 import uuid
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from sweepbench.core import JobOutcome
 from sweepbench.launch.rank_errors import clear_rank_errors, first_raised, has_record
 from sweepbench.record.atomic import read_json, temp_pattern
 
 POLL_S = 0.2
 SPEC_ENV = "SWEEPBENCH_RANK_SPEC"
 PROGRESS_KEY = "sweepbench/progress"
-
-
-@dataclass
-class JobOutcome:
-    status: str  # ok | failed | timeout | interrupted
-    error: str | None = None
-    payload: dict[str, Any] = field(default_factory=dict)
 
 
 def rank_python(cfg: DictConfig) -> str:
@@ -113,7 +106,7 @@ def _show_progress(store: Any, status: Any) -> None:
 def launch_local(cfg: DictConfig, *, world_size: int, job_dir: Path) -> JobOutcome:
     import torch.distributed as dist  # only where a job runs
 
-    from sweepbench.sweep import interrupt, status as sweep_status
+    from sweepbench.launch import interrupt, status as sweep_status
 
     interrupt.check()  # a stop asked for during the previous job: start nothing
     launch_id = uuid.uuid4().hex[:12]
@@ -145,7 +138,7 @@ def launch_local(cfg: DictConfig, *, world_size: int, job_dir: Path) -> JobOutco
 
 def _supervise(cfg: DictConfig, procs: list[subprocess.Popen], store: Any, status: Any, *, job_dir: Path,
                payload_path: Path, tic: float) -> JobOutcome:
-    from sweepbench.sweep import interrupt
+    from sweepbench.launch import interrupt
 
     world_size = len(procs)
     deadline = tic + cfg.launch.timeout_s

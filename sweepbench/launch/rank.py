@@ -85,8 +85,8 @@ def run_rank(
     import torch
     import torch.distributed as dist
 
-    from sweepbench.benchmarks.base import RankContext
     from sweepbench.benchmarks.registry import get_benchmark
+    from sweepbench.core import RankContext
     from sweepbench.config.validate import resolve_backend
     from sweepbench.launch.faults import maybe_inject_fault
     from sweepbench.measure import progress

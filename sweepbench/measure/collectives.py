@@ -10,7 +10,6 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from sweepbench.measure.collective_impls import DTYPE_BYTES
 from sweepbench.measure.stats import summarize
 from sweepbench.measure.timing import ops_per_sample, sampling, time_iterations
 
@@ -124,7 +123,7 @@ def time_case(op: str, size: int, *, rank: int, world_size: int, device: torch.d
     """One (op, size) case, timed with torch.distributed: checked once, then ``cfg.iters`` samples
     of ops_per_sample back-to-back ops, each sample's output checked before its time counts (the
     batch's last op where the op is repeatable, else one more op after a reset)."""
-    n, itemsize = world_size, DTYPE_BYTES[cfg.dtype]
+    n, itemsize = world_size, getattr(torch, cfg.dtype).itemsize
     numel = max(n, size // itemsize // n * n)  # a multiple of n elements, as nccl-tests does
     bufs = OPS[op].build(numel, rank, n, getattr(torch, cfg.dtype), device)
     verify_once(op, bufs, size, rank)

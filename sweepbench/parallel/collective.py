@@ -16,8 +16,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .comm import DEFAULT_BUCKET_BYTES, STRATEGIES, Bucket, Executor, Shards, make_buckets, p2p_wait, subgroup
+from .comm import DEFAULT_BUCKET_BYTES, Bucket, Executor, Shards, make_buckets, p2p_wait, subgroup
 from .plan import Plan
+from .strategies import STRATEGIES
 
 
 # torch >= 2.13 renamed all_gather_into_tensor to all_gather_single

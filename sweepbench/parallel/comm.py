@@ -13,7 +13,6 @@ import torch.distributed as dist
 
 from .boxes import box_numel, box_slices
 from .plan import Plan, Route
-from .strategies import STRATEGIES
 
 Shards = Mapping[str, torch.Tensor]
 DEFAULT_BUCKET_BYTES = 32 << 20

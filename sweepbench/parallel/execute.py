@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .comm import STRATEGIES, Executor, Shards
+from .comm import Executor, Shards
 from .layout import Layout
 from .plan import Plan, make_plan
+from .strategies import STRATEGIES
 
 _EXECUTORS: dict[tuple[Any, ...], Executor] = {}
 

@@ -25,9 +25,10 @@ import torch.distributed as dist
 
 from . import cuda_ipc
 from .boxes import box_slices
-from .comm import STRATEGIES, Shards
+from .comm import Shards
 from .p2p import SendRecv
 from .plan import Route
+from .strategies import STRATEGIES
 
 
 @STRATEGIES.register("ipc")

@@ -11,8 +11,9 @@ import torch
 import torch.distributed as dist
 
 from .boxes import box_numel, box_slices
-from .comm import STRATEGIES, Executor, Shards, p2p_wait, subgroup
+from .comm import Executor, Shards, p2p_wait, subgroup
 from .specs import torch_dtype
+from .strategies import STRATEGIES
 
 
 @STRATEGIES.register("naive")

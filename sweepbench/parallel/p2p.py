@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .comm import STRATEGIES, Bucket, Executor, Shards
+from .comm import Bucket, Executor, Shards
+from .strategies import STRATEGIES
 
 
 @STRATEGIES.register("send_recv")

@@ -21,8 +21,9 @@ import torch
 import torch.distributed as dist
 
 from .boxes import box_slices
-from .comm import DEFAULT_BUCKET_BYTES, STRATEGIES, Bucket, Executor, Shards, make_buckets
+from .comm import DEFAULT_BUCKET_BYTES, Bucket, Executor, Shards, make_buckets
 from .plan import Plan
+from .strategies import STRATEGIES
 
 _ALIGN = 256
 

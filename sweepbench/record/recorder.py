@@ -9,7 +9,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from sweepbench.config.validate import resolve_backend
-from sweepbench.launch.local import JobOutcome
+from sweepbench.core import JobOutcome
 from sweepbench.record import ENV_FILE, METRICS_FILE
 from sweepbench.record.atomic import write_json_atomic
 from sweepbench.record.env import capture_env, redact_config

@@ -19,9 +19,10 @@ from hydra.core.utils import JobStatus
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
-from sweepbench.config.validate import fit_note, validate_config
+from sweepbench.launch import interrupt, status
+from sweepbench.launch.preflight import fit_note, validate_config
 from sweepbench.record.atomic import write_atomic
-from sweepbench.sweep import interrupt, resume, status
+from sweepbench.sweep import resume
 from sweepbench.sweep.compose import JobComposer
 from sweepbench.sweep.errors import error_line, exit_bad_input
 from sweepbench.sweep.report import print_plan

@@ -24,7 +24,7 @@ from sweepbench.train.shape import Shape, flops_per_token
 from sweepbench.train.trainer import DTYPES, TrainOptions, Trainer, build_mesh
 from sweepbench.train.verify import (check_learning, check_losses, free_memory, global_losses, run_reference,
                                      verify_depth)
-from sweepbench.benchmarks.base import VerificationError
+from sweepbench.core import VerificationError
 
 
 def options_of(b: Any) -> TrainOptions:

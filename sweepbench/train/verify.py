@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from sweepbench.benchmarks.base import VerificationError
+from sweepbench.core import VerificationError
 from sweepbench.train.plan import TrainPlan
 from sweepbench.train.shape import Shape, bytes_per_param
 

@@ -55,7 +55,7 @@ def run_stored(rank: int, world_size: int, sweep_dir: str) -> tuple[bool, str | 
     verification error or None)."""
     from sweepbench.attention.reuse import SweepStore
     from sweepbench.attention.runner import run_case
-    from sweepbench.benchmarks.base import VerificationError
+    from sweepbench.core import VerificationError
 
     store = SweepStore(Path(sweep_dir), force=False) if rank == 0 else None
     try:

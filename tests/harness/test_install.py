@@ -1,6 +1,6 @@
 """README's first command from a clone: ``pip install . && python -m sweepbench``, a NON-editable
-install, run in the checkout's root (where ``./sweepbench`` shadows the installed package and has
-no ``conf/``) and from anywhere else (the wheel's ``sweepbench.conf``)."""
+install, run in the checkout's root (where ``./sweepbench`` shadows the installed package; its
+``conf`` is the link to the checkout's ``conf/``) and from anywhere else (the wheel's ``sweepbench.conf``)."""
 
 from __future__ import annotations
 

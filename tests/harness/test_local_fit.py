@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from sweepbench.config.validate import check_local_fit, host_memory_bytes, validate
+from sweepbench.launch.preflight import check_local_fit, host_memory_bytes, validate
 
 from ..conftest import run_sweepbench
 
@@ -65,7 +65,7 @@ def test_dry_run_of_a_gpu_grid_lists_every_job_with_its_fit_note(tmp_path: Path,
                                                                 bench_name: str, num_jobs: int) -> None:
     """The README's planning command, as written, on this CPU machine: every job listed, each
     with whether it would run from here and why not, exit 0, nothing written."""
-    from sweepbench.config.validate import fit_note, validate_config
+    from sweepbench.launch.preflight import fit_note, validate_config
     from sweepbench.sweep.tags import make_tag
 
     from ..conftest import expand_grid

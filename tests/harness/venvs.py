@@ -19,10 +19,13 @@ def copy_checkout(dest: Path) -> Path:
                          capture_output=True, check=True).stdout.decode()
     for rel in filter(None, out.split("\0")):
         src = REPO / rel
-        if rel.split("/", 1)[0] in SKIP_TOP or not src.is_file():
+        if rel.split("/", 1)[0] in SKIP_TOP or not (src.is_file() or src.is_symlink()):
             continue
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dest / rel)
+        if src.is_symlink():  # as git checks it out (sweepbench/conf -> ../conf)
+            (dest / rel).symlink_to(src.readlink())
+        else:
+            shutil.copy2(src, dest / rel)
     return dest
 
 

@@ -152,7 +152,7 @@ def test_group_name() -> None:
     (["sweep.tag_max_len=200"], "which wandb limits to 128 characters"),
 ])
 def test_wandb_name_limits_at_compose_time(compose, overrides: list[str], message: str) -> None:
-    from sweepbench.config.validate import validate
+    from sweepbench.launch.preflight import validate
 
     with pytest.raises(ValueError, match=message):
         validate(compose("parallelism=tp1", *overrides))

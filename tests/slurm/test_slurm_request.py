@@ -13,7 +13,7 @@ from typing import Callable
 import pytest
 from omegaconf import DictConfig
 
-from sweepbench.config.validate import validate
+from sweepbench.launch.preflight import validate
 from sweepbench.launch.slurm_request import job_request
 
 from ..conftest import run_sweepbench

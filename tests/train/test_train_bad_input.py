@@ -40,7 +40,7 @@ BAD = {
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_refused_in_one_line(case: str, compose: Any) -> None:
-    from sweepbench.config.validate import validate
+    from sweepbench.launch.preflight import validate
 
     overrides, message = BAD[case]
     with pytest.raises(ValueError) as err:

@@ -15,9 +15,9 @@ from omegaconf import OmegaConf
 from sweepbench.measure.collectives import Mismatch
 from sweepbench.measure.nccl_tests import BINARIES, Row, cases_from_rows, command, header, parse_output
 
-from .conftest import COLLECTIVE, run_sweepbench
+from tests.conftest import COLLECTIVE, run_sweepbench
 
-DATA = Path(__file__).parent / "data" / "nccl_tests"  # captured on an H200 (see README there)
+DATA = Path(__file__).parents[1] / "data" / "nccl_tests"  # captured on an H200 (see README there)
 # nccl-tests' busbw factors (doc/PERFORMANCE.md), written out independently of the code under test
 NCCL_TESTS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
                      "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
@@ -181,7 +181,7 @@ def test_a_complete_build_needs_gpus(tmp_path: Path) -> None:
 def peer_job(rank: int, world_size: int, build: str, job_dir: str) -> dict[str, Any]:
     import torch
 
-    from sweepbench.benchmarks.base import RankContext
+    from sweepbench.core import RankContext
     from sweepbench.measure.nccl_tests import run_cases
 
     cfg = OmegaConf.create({"launch": {"timeout_s": 60}, "benchmark": {
@@ -245,7 +245,7 @@ def test_the_plot_has_a_line_per_impl() -> None:
 
 
 def test_an_unknown_impl_is_refused_with_the_valid_ones(compose: Any) -> None:
-    from sweepbench.config.validate import validate
+    from sweepbench.launch.preflight import validate
 
     with pytest.raises(ValueError, match=r"^benchmark.impl='nccl'; valid: nccl_tests, torch$"):
         validate(compose("parallelism=tp2", "benchmark.impl=nccl"))

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from sweepbench.benchmarks.base import RankContext, VerificationError
 from sweepbench.config.schema import BenchmarkConfig
 from sweepbench.config.validate import resolve_backend
+from sweepbench.core import RankContext, VerificationError
 from sweepbench.parallel import BALANCE, STRATEGIES
 from sweepbench.parallel.strategies import GPU_ONLY
 

@@ -13,12 +13,12 @@ import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sweepbench.benchmarks.base import RankContext
-from sweepbench.benchmarks.collective import ALL_OPS, CollectiveBenchmark, VerificationError, message_sizes
+from sweepbench.benchmarks.collective import ALL_OPS, CollectiveBenchmark, message_sizes
+from sweepbench.core import RankContext, VerificationError
 from sweepbench.measure.collectives import OPS, Buffers, Mismatch, verify_once
 from sweepbench.measure.stats import summarize
 
-from .conftest import SMALL, SweepRun
+from tests.conftest import SMALL, SweepRun
 
 # nccl-tests' busbw factors (doc/PERFORMANCE.md), written out independently of the code under test
 NCCL_TESTS_FACTOR = {

@@ -11,9 +11,10 @@ import pytest
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from sweepbench.config.validate import GPU_BACKENDS, validate, visible_gpus
+from sweepbench.config.validate import GPU_BACKENDS, visible_gpus
+from sweepbench.launch.preflight import validate
 
-from .conftest import COLLECTIVE, run_sweepbench
+from tests.conftest import COLLECTIVE, run_sweepbench
 
 GROUPS = ("model", "parallelism", "backend", "mode", "benchmark")
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from sweepbench.config.validate import validate
+from sweepbench.launch.preflight import validate
 
-from .conftest import SweepRun, run_sweepbench
+from tests.conftest import SweepRun, run_sweepbench
 
 # Small and quick: a 96x96 float32 tensor (divisible by 2 and 3), 1 warm-up + 2 timed iterations.
 SMALL = ["benchmark=reshard", "benchmark.tensor_bytes=36864", "benchmark.iters=2", "benchmark.warmup=1"]
@@ -168,7 +168,7 @@ def test_world_size_is_the_largest_case(compose, overrides: list[str], world_siz
 
 @pytest.mark.parametrize("suite", sorted(DEFAULT_CASES))
 def test_default_suites(compose, suite: str) -> None:
-    from sweepbench.benchmarks.reshard_suites import suite_cases
+    from sweepbench.parallel.reshard_suites import suite_cases
 
     cfg = compose("benchmark=reshard", f"benchmark.suite={suite}")
     cases = suite_cases(cfg.benchmark)
@@ -180,7 +180,7 @@ def test_default_suites(compose, suite: str) -> None:
 
 def test_gpu_sized_tensor_shapes(compose) -> None:
     """1 GiB where every split divides it, just under where a 3-way split does not."""
-    from sweepbench.benchmarks.reshard_suites import suite_cases
+    from sweepbench.parallel.reshard_suites import suite_cases
 
     cfg = compose("benchmark=reshard", *FOUR_RANKS, "benchmark.tensor_bytes=1073741824")
     sizes = {c.name: c.src.params[0].nbytes for c in suite_cases(cfg.benchmark)}
@@ -189,7 +189,7 @@ def test_gpu_sized_tensor_shapes(compose) -> None:
 
 
 def test_custom_cases(compose) -> None:
-    from sweepbench.benchmarks.reshard_suites import suite_cases
+    from sweepbench.parallel.reshard_suites import suite_cases
 
     names = ["1_RRR_to_3_RS0R", "2_S0RR_to_1x2_RRS1", "2x2_S1S0_to_4_S0R"]
     cfg = compose("benchmark=reshard", "benchmark.suite=custom", f"benchmark.cases=[{','.join(names)}]")

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from .conftest import MAIN_GRID, TINY, SweepRun, planned_tag, processes_with_env, run_sweepbench, wandb_inspect
+from tests.conftest import MAIN_GRID, TINY, SweepRun, planned_tag, processes_with_env, run_sweepbench, wandb_inspect
 
 SWEEP_FILES = {"results.csv", "results.parquet", "multirun.yaml", "report.html"}
 

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from sweepbench.config.schema import OUTPUT_ONLY_KEYS
-from sweepbench.config.validate import validate
+from sweepbench.launch.preflight import validate
 from sweepbench.sweep.tags import HASH_LEN, config_hash, make_tag, tagged_config
 
-from .conftest import COLLECTIVE, planned_tag, run_sweepbench
+from tests.conftest import COLLECTIVE, planned_tag, run_sweepbench
 
 SAFE = re.compile(r"^[A-Za-z0-9._=-]+$")
 HEX = re.compile(rf"^[0-9a-f]{{{HASH_LEN}}}$")
@@ -55,7 +55,7 @@ def test_hash_covers_the_config_without_output_only_keys(compose) -> None:
 
 
 def test_every_group_option_gives_its_own_tag(compose) -> None:
-    from .test_config import group_options
+    from tests.config.test_config import group_options
 
     jobs = [[f"model={m}"] for m in group_options("model")]
     jobs += [[f"parallelism={p}", *(["model=tiny_moe"] if p.startswith("ep") else [])]

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from sweepbench.config.validate import resolve_backend
-from sweepbench.launch.local import JobOutcome
+from sweepbench.core import JobOutcome
 from sweepbench.record.env import REDACTED, relevant_environment
 
-from .conftest import SECRETS, TINY, VISIBLE, SweepRun, base_env, run_sweepbench, wandb_inspect
+from tests.conftest import SECRETS, TINY, VISIBLE, SweepRun, base_env, run_sweepbench, wandb_inspect
 
 # ---------------------------------------------------------------- the offline wandb run
 

@@ -11,7 +11,7 @@ import pytest
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
-from sweepbench.config.validate import fit_note, validate_config
+from sweepbench.launch.preflight import fit_note, validate_config
 from sweepbench.sweep.compose import JobComposer, compose_slowly
 from sweepbench.sweep.errors import error_line
 from sweepbench.sweep.tags import make_tag

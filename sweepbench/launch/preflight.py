@@ -1,0 +1,128 @@
+"""The checks a job passes before any rank starts: the knobs (``config.validate``), the fault
+and wandb settings, the benchmark's own checks and world size, and (for a local job) whether this
+machine can hold its ranks. Each raises ``ValueError`` with one line naming the bad value and what
+would be valid."""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from omegaconf import DictConfig
+
+from sweepbench.config.validate import CHECKS as KNOB_CHECKS
+from sweepbench.config.validate import GPU_BACKENDS, check_backend, resolve_backend, visible_gpu_memory, visible_gpus
+from sweepbench.launch.faults import FAULTS, check_fault_factor
+from sweepbench.record.wandb_run import check_wandb_names
+
+FAULT_KINDS = ("none", *FAULTS)
+
+
+def _check_fault_kind(cfg: DictConfig) -> None:
+    if cfg.fault.kind not in FAULT_KINDS:
+        raise ValueError(f"fault.kind={cfg.fault.kind!r} is not valid; choose one of {', '.join(FAULT_KINDS)}")
+
+
+CHECKS: tuple[Callable[[DictConfig], None], ...] = (
+    *KNOB_CHECKS, _check_fault_kind, check_fault_factor, check_wandb_names,
+)
+
+
+def _check_ranks(cfg: DictConfig, world_size: int) -> None:
+    per_node = cfg.launch.ranks_per_node or world_size
+    if world_size % per_node:
+        raise ValueError(f"launch.ranks_per_node={per_node} does not divide world_size={world_size}")
+    if not 0 <= cfg.fault.rank < world_size:
+        raise ValueError(f"fault.rank={cfg.fault.rank} is outside 0..{world_size - 1}")
+
+
+def _check_gpus(cfg: DictConfig, world_size: int) -> None:
+    gpus = visible_gpus()
+    per_node = cfg.launch.ranks_per_node or world_size
+    if resolve_backend(cfg.backend.name) in GPU_BACKENDS and per_node > gpus:
+        raise ValueError(f"{per_node} ranks per node need {per_node} GPUs, but {gpus} are visible "
+                         f"(world_size={world_size}); use a layout of at most {gpus} ranks per node")
+
+
+def validate_config(cfg: DictConfig) -> int:
+    """The checks that hold on any machine; returns the job's world size."""
+    from sweepbench.benchmarks.registry import get_benchmark
+
+    bench = get_benchmark(cfg.benchmark.name)
+    for check in CHECKS:
+        check(cfg)
+    bench.validate(cfg)
+    world_size = bench.world_size(cfg)
+    _check_ranks(cfg, world_size)
+    return world_size
+
+
+def check_machine(cfg: DictConfig, world_size: int) -> None:
+    """Does this machine have the GPUs the job's backend and ranks per node need?"""
+    check_backend(cfg)
+    _check_gpus(cfg, world_size)
+
+
+def validate(cfg: DictConfig) -> int:
+    """Validate a resolved job config for a run from this machine; returns its world size."""
+    world_size = validate_config(cfg)
+    check_machine(cfg, world_size)
+    return world_size
+
+
+def fit_note(cfg: DictConfig, world_size: int, *, local: bool) -> str:
+    """Why the job (already through ``validate_config``) would not run from this machine ("" when
+    it would): GPUs missing for its backend, and for a local job (ranks on this machine) too many
+    ranks or too little memory. A dry run records it per job; a real run refuses with it."""
+    try:
+        check_machine(cfg, world_size)
+        if local:
+            check_local_fit(cfg, world_size)
+    except ValueError as err:
+        return str(err)
+    return ""
+
+
+# ---------------------------------------------------------------- jobs whose ranks start on this machine
+
+RANKS_PER_CORE = 4
+MIN_LOCAL_RANKS = 16
+GiB = 1 << 30
+
+
+def max_local_ranks(cfg: DictConfig) -> int:
+    return cfg.launch.max_local_ranks or max(MIN_LOCAL_RANKS, RANKS_PER_CORE * (os.cpu_count() or 1))
+
+
+def host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_local_fit(cfg: DictConfig, world_size: int) -> None:
+    """A local job (all ranks on this machine): refuse far more ranks than the machine has cores
+    (``launch.max_local_ranks`` to allow them), and more memory than it has: the benchmark's
+    per-rank estimate against each GPU's memory (NVML), or on the CPU against the host's RAM
+    shared by the job's ranks (``launch.skip_memory_check=true`` to run it anyway)."""
+    from sweepbench.benchmarks.registry import get_benchmark
+
+    limit = max_local_ranks(cfg)
+    if world_size > limit:
+        raise ValueError(f"world_size={world_size} is far beyond this machine's {os.cpu_count()} CPU cores "
+                         f"(at most {limit} local ranks); set launch.max_local_ranks={world_size} to run it anyway")
+    if cfg.launch.skip_memory_check:
+        return
+    need = int(get_benchmark(cfg.benchmark.name).memory_bytes(cfg, world_size) or 0)
+    if need <= 0:
+        return
+    force = "set launch.skip_memory_check=true to run it anyway"
+    if resolve_backend(cfg.backend.name) in GPU_BACKENDS:
+        have = min(visible_gpu_memory(), default=0)
+        if need > have:
+            raise ValueError(f"{cfg.benchmark.name} needs about {need / GiB:.1f} GiB per rank, more than a GPU's "
+                             f"{have / GiB:.1f} GiB; use a smaller model or more ranks, or {force}")
+        return
+    have = host_memory_bytes()
+    if need * world_size > have:
+        raise ValueError(f"{cfg.benchmark.name} needs about {need / GiB:.1f} GiB per rank x {world_size} ranks "
+                         f"= {need * world_size / GiB:.1f} GiB, more than this machine's {have / GiB:.1f} GiB "
+                         f"of RAM; use a smaller model (model=tiny) or {force}")

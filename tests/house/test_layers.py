@@ -1,0 +1,134 @@
+"""Imports point down the house, and no module imports itself round a circle.
+
+Each module's imports are read from its source (``ast``: module level, inside functions, and
+under ``TYPE_CHECKING``), so a lazy import cannot hide an upward edge. A layer may import its own
+layer and any layer below it; ``ALLOWED`` names the few upward edges kept on purpose, each with
+its reason."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Top to bottom. Engines know one domain and nothing of sweeps; config holds the knobs (schemas,
+# field checks) every layer reads; core holds the types every layer shares and imports nothing.
+LAYERS: list[tuple[str, ...]] = [
+    ("sweepbench.__main__", "sweepbench.cli"),
+    ("hydra_plugins.sweepbench_sweeper",),
+    ("sweepbench.sweep", "sweepbench.job"),
+    ("sweepbench.launch",),
+    ("sweepbench.benchmarks",),
+    ("sweepbench.train",),
+    ("sweepbench.attention",),
+    ("sweepbench.parallel",),
+    ("sweepbench.report",),
+    ("sweepbench.measure",),
+    ("sweepbench.record",),  # below measure: whatever writes a file writes it with record.atomic
+    ("sweepbench.config",),
+    ("sweepbench.core", "sweepbench"),
+]
+
+# (importer, imported): why this upward edge stays.
+ALLOWED: dict[tuple[str, str], str] = {
+    ("sweepbench.report.page", "sweepbench.benchmarks.registry"):
+        "a report calls each benchmark's headline hook, looked up by the name recorded in metrics.json",
+}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for top in ("sweepbench", "hydra_plugins"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The sweepbench modules ``name`` imports (``from pkg import submodule`` counts as the submodule)."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1] + [node.module or ""]).strip(".") \
+                if node.level else node.module or ""
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        # a module's own packages are imported before it anyway (``import sweepbench.benchmarks as
+        # pkg`` to walk its folder is no circle)
+        out.update(t for t in targets if t in known and not name.startswith(t + ".") and t != name)
+    return out
+
+
+def layer_of(name: str) -> int:
+    best = max((prefix for layer in LAYERS for prefix in layer
+                if name == prefix or name.startswith(prefix + ".")), key=len)
+    return next(i for i, layer in enumerate(LAYERS) if best in layer)
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports_of(name, path, known) for name, path in known.items()}
+
+
+def test_every_module_has_a_layer() -> None:
+    for name in modules():
+        assert layer_of(name) >= 0
+
+
+def test_imports_point_down() -> None:
+    upward = [f"{a} (layer {LAYERS[layer_of(a)][0]}) imports {b} (layer {LAYERS[layer_of(b)][0]})"
+              for a, targets in graph().items() for b in sorted(targets)
+              if layer_of(b) < layer_of(a) and (a, b) not in ALLOWED]
+    assert not upward, "upward imports:\n" + "\n".join(upward)
+
+
+def test_allowed_edges_still_exist() -> None:
+    g = graph()
+    assert [edge for edge in ALLOWED if edge[1] not in g.get(edge[0], set())] == []
+
+
+def test_core_imports_nothing_of_sweepbench() -> None:
+    assert graph()["sweepbench.core"] == set()
+
+
+def find_circle(g: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(g.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (circle := visit(nxt)):
+                return circle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(g):
+        if node not in state and (circle := visit(node)):
+            return circle
+    return None
+
+
+def test_no_import_circles() -> None:
+    circle = find_circle(graph())
+    assert circle is None, "import circle: " + " -> ".join(circle)
+
+
+def test_the_checks_catch_what_they_guard() -> None:
+    """The checks themselves: a circle is found, and an upward edge would be reported."""
+    assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_circle({"a": {"b"}, "b": set()}) is None
+    assert layer_of("sweepbench.parallel.comm") > layer_of("sweepbench.benchmarks.refit")
+    assert layer_of("sweepbench.core") == len(LAYERS) - 1
