@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,27 @@ from sweepbench.record.wandb_run import group_name, start_run
 log = logging.getLogger(__name__)
 
 
+# a case's field saying how many back-to-back operations one of its samples timed (its time is
+# per operation); absent: one
+SAMPLE_OPS_KEYS = ("ops_per_sample",)
+
+
+def timed_seconds(cases: list[dict[str, Any]]) -> float:
+    """What the job's timed samples add up to: the sum of every case's ``times_s``. A sample that
+    stands for several back-to-back operations records its time per operation, and how many
+    operations it timed under one of ``SAMPLE_OPS_KEYS``; its time counts that many times."""
+    total = 0.0
+    for case in cases:
+        times = case.get("times_s")
+        if isinstance(times, list):
+            ops = next((case[k] for k in SAMPLE_OPS_KEYS if isinstance(case.get(k), (int, float))), 1)
+            total += sum(float(t) for t in times) * ops
+    return total
+
+
+def _utc(stamp: float) -> str:
+    return dt.datetime.fromtimestamp(stamp, tz=dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
 
 def _max_memory(per_rank: list[dict[str, Any] | None]) -> dict[str, Any]:
     keys = {k for m in per_rank if m for k in m}
@@ -32,6 +55,8 @@ def build_metrics(cfg: DictConfig, outcome: JobOutcome, *, tag: str, world_size:
     if status == "ok" and not result.get("verified"):
         status, error = "failed", "the benchmark did not verify its output; its times are not reported"
     per_rank = outcome.payload.get("memory_per_rank", [])
+    timed = timed_seconds(result.get("cases", [])) if status == "ok" else 0.0
+    now = time.time()
     return {
         "status": status,
         "error": error,
@@ -47,6 +72,11 @@ def build_metrics(cfg: DictConfig, outcome: JobOutcome, *, tag: str, world_size:
                     **result.get("extra", {})} if status == "ok" else {},
         "memory": {"max": _max_memory(per_rank), "per_rank": per_rank},
         "wall_time_s": wall_time_s,
+        # the part of the job's wall time spent in timed samples (start-up, warm-up and
+        # verification are the rest)
+        "timed_s": timed,
+        "measuring_fraction": timed / wall_time_s if wall_time_s > 0 else None,
+        "started_at": _utc(now - wall_time_s), "finished_at": _utc(now),
     }
 
 

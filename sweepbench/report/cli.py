@@ -86,6 +86,8 @@ def _compare(args: argparse.Namespace) -> int:
     counts = ", ".join(f"{v}: {n}" for v, n in comparison.counts())
     print(f"sweepbench compare: {len(comparison.rows)} cases ({counts or 'none'}); "
           f"{len(comparison.unmatched)} jobs without a twin\n  {csv_path}\n  {html_path}")
+    for note in comparison.notes():
+        print(f"  note: {note}")
     if args.fail_on_regression and comparison.regressions:
         print(f"sweepbench: error: {len(comparison.regressions)} regressions (--fail-on-regression)", file=sys.stderr)
         return 1
