@@ -57,7 +57,8 @@ def rounds_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     sweep_dir = tmp_path_factory.mktemp("rounds") / "sweep"
     stopped = _stop_at_round_2(sweep_dir)
     resumed = run_sweepbench(GRID, sweep_dir=sweep_dir)
-    after_resume = {"rounds": _rounds(sweep_dir), "mtimes": _mtimes(sweep_dir), "results": resumed.results()}
+    after_resume = {"rounds": _rounds(sweep_dir), "mtimes": _mtimes(sweep_dir), "results": resumed.results(),
+                    "combined": _combined(sweep_dir)}
     forced = run_sweepbench([*[a for a in GRID if not a.startswith("benchmark.iters=")], "benchmark.iters=2",
                              "sweep.force=true"], sweep_dir=sweep_dir)
     return {"dir": sweep_dir, "stopped": stopped, "resumed": resumed, "after_resume": after_resume,
@@ -107,8 +108,8 @@ def test_results_csv_has_one_row_per_job_with_the_rounds_medians(rounds_runs: di
         timed = [sum(sum(c["times_s"]) for c in rounds[row["tag"]][r]["results"]["cases"]) for r in (1, 2)]
         assert row["wall_time_s"] == pytest.approx(sum(walls))
         assert row["timed_s"] == pytest.approx(sum(timed))
-        assert 0 < row["measuring_fraction"] == pytest.approx(sum(timed) / sum(walls)) < 1
-        combined = json.loads((rounds_runs["dir"] / row["tag"] / "metrics.json").read_text())
+        assert row["measuring_fraction"] == pytest.approx(sum(timed) / sum(walls)) and 0 < row["measuring_fraction"] < 1
+        combined = rounds_runs["after_resume"]["combined"][row["tag"]]
         (case,) = combined["results"]["cases"]
         medians = [rounds[row["tag"]][r]["results"]["cases"][0]["median_s"] for r in (1, 2)]
         assert case["round_medians_s"] == medians
@@ -136,3 +137,16 @@ def test_bad_repeats_is_one_line_exit_2(tmp_path: Path) -> None:
     run = run_sweepbench([*TINY, "sweep.repeats=0"], sweep_dir=tmp_path / "sweep")
     assert run.rc == 2 and run.stderr.strip() == "sweepbench: error: sweep.repeats=0 must be >= 1 (how many times each job runs)"
     assert not (tmp_path / "sweep").exists()
+
+
+def test_compare_with_too_few_rounds_is_undecided(rounds_runs: dict[str, Any], tmp_path: Path) -> None:
+    from .report.conftest import sweepbench_cli
+
+    proc = sweepbench_cli("compare", rounds_runs["dir"], rounds_runs["dir"], "-o", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    import pandas as pd
+
+    table = pd.read_csv(tmp_path / "compare.csv")
+    assert len(table) == 2 and set(table["verdict"]) == {"undecided"} and set(table["basis"]) == {"rounds"}
+    assert table["note"].str.contains(r"too few rounds to decide \(2 and 2; at least 3 a side\)").all()
+    assert "undecided: 2" in proc.stdout and "process-to-process" not in proc.stdout

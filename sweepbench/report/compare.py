@@ -34,6 +34,7 @@ NOT_MEASUREMENT = frozenset({"hydra", "wandb", "launch", "sweep", "fault"})
 CSV_COLUMNS = ("benchmark", "baseline_tag", "candidate_tag", "case", "verdict", "ratio", "ci_low", "ci_high",
                "p_value", "threshold", "baseline_noise", "baseline_median_s", "candidate_median_s", "baseline_cv", "candidate_cv",
                "baseline_spread", "candidate_spread", "unstable", "n_baseline", "n_candidate", "basis", "note")
+MIN_PRIOR_CASES = 5  # cases with rounds a job needs for its typical between-round variance
 PROCESS_NOISE = ("process-to-process noise is not covered: {n} case(s) were judged on the samples of one "
                  "process per side; run both sweeps with sweep.repeats=3 or more to judge on rounds")
 
@@ -140,11 +141,13 @@ def _rounds(case: dict[str, Any]) -> list[float] | None:
 
 
 def _job_prior(pairs: list[tuple[dict[str, Any] | None, dict[str, Any]]]) -> float | None:
-    """The job's typical between-round variance (logs): the median over its cases with rounds."""
+    """The job's typical between-round variance (logs): the median over its cases with rounds
+    (the rounds of one launch share its placement and load, so its cases vary alike)."""
     variances = [log_variance(_rounds(b), _rounds(c))[0] for b, c in pairs  # type: ignore[arg-type]
                  if b is not None and _rounds(b) and _rounds(c)]
     variances = [v for v in variances if v == v]  # drop NaN (a side with one round)
-    return statistics.median(variances) if variances else None
+    # a typical case needs cases to be typical of: a job of a few cases is judged case by case
+    return statistics.median(variances) if len(variances) >= MIN_PRIOR_CASES else None
 
 
 def compare_sweeps(baseline: Sweep, candidate: Sweep, *, on: Sequence[str] | None = None,
