@@ -20,21 +20,27 @@ from sweepbench.record.wandb_run import group_name, start_run
 log = logging.getLogger(__name__)
 
 
-# a case's field saying how many back-to-back operations one of its samples timed (its time is
-# per operation); absent: one
-SAMPLE_OPS_KEYS = ("ops_per_sample",)
+# where a sample says how many back-to-back operations it timed (its time is per operation):
+# the case's own field, else the job's ``results.sampling`` (measure.timing.sampling); absent: one
+SAMPLE_OPS_KEY = "ops_per_sample"
 
 
-def timed_seconds(cases: list[dict[str, Any]]) -> float:
-    """What the job's timed samples add up to: the sum of every case's ``times_s``. A sample that
-    stands for several back-to-back operations records its time per operation, and how many
-    operations it timed under one of ``SAMPLE_OPS_KEYS``; its time counts that many times."""
+def sample_ops(results: dict[str, Any]) -> int:
+    """The job-wide operations per sample its results record (``sampling.ops_per_sample``), else 1."""
+    ops = (results.get("sampling") or {}).get(SAMPLE_OPS_KEY) if isinstance(results, dict) else None
+    return ops if isinstance(ops, int) and ops >= 1 else 1
+
+
+def timed_seconds(cases: list[dict[str, Any]], *, ops_per_sample: int = 1) -> float:
+    """What the job's timed samples add up to: the sum of every case's ``times_s``, each sample
+    counted as many times as the operations it stands for (``ops_per_sample``, the case's own
+    value first)."""
     total = 0.0
     for case in cases:
         times = case.get("times_s")
         if isinstance(times, list):
-            ops = next((case[k] for k in SAMPLE_OPS_KEYS if isinstance(case.get(k), (int, float))), 1)
-            total += sum(float(t) for t in times) * ops
+            ops = case.get(SAMPLE_OPS_KEY)
+            total += sum(float(t) for t in times) * (ops if isinstance(ops, int) and ops >= 1 else ops_per_sample)
     return total
 
 
@@ -55,7 +61,8 @@ def build_metrics(cfg: DictConfig, outcome: JobOutcome, *, tag: str, world_size:
     if status == "ok" and not result.get("verified"):
         status, error = "failed", "the benchmark did not verify its output; its times are not reported"
     per_rank = outcome.payload.get("memory_per_rank", [])
-    timed = timed_seconds(result.get("cases", [])) if status == "ok" else 0.0
+    timed = timed_seconds(result.get("cases", []), ops_per_sample=sample_ops(result.get("extra", {}))) \
+        if status == "ok" else 0.0
     now = time.time()
     return {
         "status": status,

@@ -17,7 +17,7 @@ import pandas as pd
 
 from sweepbench.record.atomic import read_json, write_atomic
 from sweepbench.record import METRICS_FILE
-from sweepbench.record.recorder import timed_seconds
+from sweepbench.record.recorder import sample_ops, timed_seconds
 from sweepbench.sweep.rounds import unit_dir
 
 CONFIG_COLUMNS = {
@@ -65,7 +65,8 @@ def _measuring(metrics: dict[str, Any]) -> dict[str, Any]:
     """timed_s and measuring_fraction (computed from the cases for records older than them)."""
     timed = metrics.get("timed_s")
     if timed is None and metrics.get("status") == "ok":
-        timed = timed_seconds(_dig(metrics, ("results", "cases")) or [])
+        results = metrics.get("results") or {}
+        timed = timed_seconds(results.get("cases") or [], ops_per_sample=sample_ops(results))
     wall = metrics.get("wall_time_s")
     fraction = timed / wall if timed is not None and wall else None
     return {"timed_s": timed, "measuring_fraction": fraction}
