@@ -142,13 +142,13 @@ def compare_samples(base: Sequence[float], cand: Sequence[float], th: Thresholds
 
 
 def log_variance(base: Sequence[float], cand: Sequence[float]) -> tuple[float, int]:
-    """(pooled variance of the logs of both sides' round values, its degrees of freedom)."""
+    """(pooled variance of the logs of both sides' round values, its degrees of freedom); NaN
+    when a side has a single round."""
     b, c = np.log(np.asarray(base, dtype=float)), np.log(np.asarray(cand, dtype=float))
-    df = len(b) + len(c) - 2
-    if df < 1:
+    if min(len(b), len(c)) < 2:
         return math.nan, 0
-    return float((b.var(ddof=1) * (len(b) - 1) + c.var(ddof=1) * (len(c) - 1)) / df) if min(len(b), len(c)) > 1 \
-        else math.nan, df
+    df = len(b) + len(c) - 2
+    return float((b.var(ddof=1) * (len(b) - 1) + c.var(ddof=1) * (len(c) - 1)) / df), df
 
 
 def compare_rounds(base: Sequence[float], cand: Sequence[float], th: Thresholds = Thresholds(), *,
