@@ -97,6 +97,9 @@ class SweepConfig:
 
     dry_run: bool = False  # list each job's tag, world size and options; start no rank
     force: bool = False  # rerun jobs whose metrics.json already says ok
+    # run each job this many times, each a fresh launch of its ranks, interleaved with the other
+    # jobs (round 1 of every job, then round 2, ...): <tag>/rounds/<r>/, combined in <tag>/metrics.json
+    repeats: int = 1
     # Tag format: str.format fields are the group option names (benchmark, model, parallelism,
     # backend, mode), detail (the benchmark's own tag fields, e.g. "-tp1-send_recv"), world_size
     # and hash (short hash of the resolved job config).

@@ -119,7 +119,7 @@ def launch_local(cfg: DictConfig, *, world_size: int, job_dir: Path) -> JobOutco
             "payload": str(payload_path), "parent_pid": os.getpid(), "progress_key": PROGRESS_KEY}
     status = sweep_status.current()
     if status is not None:
-        status.job_started(job_dir.name, world_size)
+        status.job_started(sweep_status.job_label(job_dir), world_size)
     outcome = JobOutcome("failed", "the job did not finish")
     tic = time.monotonic()
     procs: list[subprocess.Popen] = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rich.console import Console
 from rich.status import Status
@@ -21,7 +22,7 @@ def _clock(seconds: float) -> str:
 
 @dataclass
 class SweepStatus:
-    tags: list[str]  # the jobs this invocation launches, in order
+    tags: list[str]  # the jobs (rounds of jobs: ``unit_label``) this invocation launches, in order
     start: float = field(default_factory=time.monotonic)
     durations: list[float] = field(default_factory=list)
     _job_start: float = 0.0
@@ -70,6 +71,20 @@ class SweepStatus:
         self.durations.append(took)
         why = f": {error}" if error else ""
         print(f"[{self.index(self._tag)}/{len(self.tags)}] {self._tag}: {status} in {took:.1f}s{why}", flush=True)
+
+
+def unit_label(tag: str, round_: int | None) -> str:
+    """How a job (a round of a job, ``sweep.repeats``) is named in the progress lines."""
+    return tag if round_ is None else f"{tag} round {round_}"
+
+
+def job_label(job_dir: Path) -> str:
+    """The label of the job (round) whose directory is ``job_dir`` (``<tag>`` or ``<tag>/rounds/<r>``)."""
+    from sweepbench.record import ROUNDS_DIR
+
+    if job_dir.parent.name == ROUNDS_DIR and job_dir.name.isdigit():
+        return unit_label(job_dir.parent.parent.name, int(job_dir.name))
+    return job_dir.name
 
 
 _current: list[SweepStatus] = []

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,33 @@ from sweepbench.record.wandb_run import group_name, start_run
 log = logging.getLogger(__name__)
 
 
+# where a sample says how many back-to-back operations it timed (its time is per operation):
+# the case's own field, else the job's ``results.sampling`` (measure.timing.sampling); absent: one
+SAMPLE_OPS_KEY = "ops_per_sample"
+
+
+def sample_ops(results: dict[str, Any]) -> int:
+    """The job-wide operations per sample its results record (``sampling.ops_per_sample``), else 1."""
+    ops = (results.get("sampling") or {}).get(SAMPLE_OPS_KEY) if isinstance(results, dict) else None
+    return ops if isinstance(ops, int) and ops >= 1 else 1
+
+
+def timed_seconds(cases: list[dict[str, Any]], *, ops_per_sample: int = 1) -> float:
+    """What the job's timed samples add up to: the sum of every case's ``times_s``, each sample
+    counted as many times as the operations it stands for (``ops_per_sample``, the case's own
+    value first)."""
+    total = 0.0
+    for case in cases:
+        times = case.get("times_s")
+        if isinstance(times, list):
+            ops = case.get(SAMPLE_OPS_KEY)
+            total += sum(float(t) for t in times) * (ops if isinstance(ops, int) and ops >= 1 else ops_per_sample)
+    return total
+
+
+def _utc(stamp: float) -> str:
+    return dt.datetime.fromtimestamp(stamp, tz=dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
 
 def _max_memory(per_rank: list[dict[str, Any] | None]) -> dict[str, Any]:
     keys = {k for m in per_rank if m for k in m}
@@ -32,6 +61,9 @@ def build_metrics(cfg: DictConfig, outcome: JobOutcome, *, tag: str, world_size:
     if status == "ok" and not result.get("verified"):
         status, error = "failed", "the benchmark did not verify its output; its times are not reported"
     per_rank = outcome.payload.get("memory_per_rank", [])
+    timed = timed_seconds(result.get("cases", []), ops_per_sample=sample_ops(result.get("extra", {}))) \
+        if status == "ok" else 0.0
+    now = time.time()
     return {
         "status": status,
         "error": error,
@@ -47,6 +79,11 @@ def build_metrics(cfg: DictConfig, outcome: JobOutcome, *, tag: str, world_size:
                     **result.get("extra", {})} if status == "ok" else {},
         "memory": {"max": _max_memory(per_rank), "per_rank": per_rank},
         "wall_time_s": wall_time_s,
+        # the part of the job's wall time spent in timed samples (start-up, warm-up and
+        # verification are the rest)
+        "timed_s": timed,
+        "measuring_fraction": timed / wall_time_s if wall_time_s > 0 else None,
+        "started_at": _utc(now - wall_time_s), "finished_at": _utc(now),
     }
 
 

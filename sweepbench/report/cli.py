@@ -120,6 +120,8 @@ def _compare(args: argparse.Namespace) -> int:
     print(f"sweepbench compare: {len(comparison.rows)} cases ({counts or 'none'}); "
           f"{len(comparison.unmatched)} jobs without a twin" + (f"; {len(unreadable)} jobs unreadable" if unreadable else "")
           + f"\n  {csv_path}\n  {html_path}")
+    for note in comparison.notes():
+        print(f"  note: {note}")
     if args.fail_on_regression and (comparison.regressions or unreadable):
         print(f"sweepbench: error: {len(comparison.regressions)} regressions, {len(unreadable)} unreadable jobs "
               f"(--fail-on-regression)", file=sys.stderr)

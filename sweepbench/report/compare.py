@@ -4,13 +4,19 @@ and case (see ``stats`` for the rule), written to compare.csv and compare.html.
 Jobs are joined by their resolved config without the keys that do not define the measurement
 (the output-only keys and ``fault``, so a job slowed down on purpose compares against its clean
 twin), or by the config columns the user names (``--on parallelism,benchmark.strategy``). Cases
-inside a joined pair are matched by their identity (``cases.case_identity``)."""
+inside a joined pair are matched by their identity (``cases.case_identity``).
+
+A case both sides ran in rounds (``sweep.repeats``: its ``round_medians_s``) is judged on the
+rounds (``stats.compare_rounds``, basis ``rounds``); any other on the samples of one process
+(``stats.compare_samples``, basis ``samples``), and the output says that such a verdict does not
+cover the noise between processes."""
 
 from __future__ import annotations
 
 import datetime as dt
 import io
 import json
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -19,15 +25,18 @@ from sweepbench.record.atomic import write_atomic
 from sweepbench.report.cases import case_identity, case_labels
 from sweepbench.report.load import Sweep
 from sweepbench.report.plotting import config_value, figure_svg, heatmap
-from sweepbench.report.stats import Thresholds, compare_samples
+from sweepbench.report.stats import Thresholds, compare_rounds, compare_samples, log_variance
 
 # what a job's config holds that does not change what is measured
 # every verdict a row can have, in the order counts are shown: stats' five, then the job-level two
-VERDICTS = ("slower", "faster", "~", "unstable", "unchanged", "failed", "not compared")
+VERDICTS = ("slower", "faster", "~", "unstable", "undecided", "unchanged", "failed", "not compared")
 NOT_MEASUREMENT = frozenset({"hydra", "wandb", "launch", "sweep", "fault"})
 CSV_COLUMNS = ("benchmark", "baseline_tag", "candidate_tag", "case", "verdict", "ratio", "ci_low", "ci_high",
                "p_value", "threshold", "baseline_noise", "baseline_median_s", "candidate_median_s", "baseline_cv", "candidate_cv",
-               "baseline_spread", "candidate_spread", "unstable", "n_baseline", "n_candidate", "note")
+               "baseline_spread", "candidate_spread", "unstable", "n_baseline", "n_candidate", "basis", "note")
+MIN_PRIOR_CASES = 5  # cases with rounds a job needs for its typical between-round variance
+PROCESS_NOISE = ("process-to-process noise is not covered: {n} case(s) were judged on the samples of one "
+                 "process per side; run both sweeps with sweep.repeats=3 or more to judge on rounds")
 
 
 def column_value(job: dict[str, Any], column: str) -> Any:
@@ -78,6 +87,11 @@ class Comparison:
         """(verdict, number of rows) for the verdicts that occur, in ``VERDICTS`` order."""
         return [(v, self.count(v)) for v in VERDICTS if self.count(v)]
 
+    def notes(self) -> list[str]:
+        """What the reader must know about the verdicts' basis."""
+        on_samples = sum(1 for r in self.rows if r.get("basis") == "samples")
+        return [PROCESS_NOISE.format(n=on_samples)] if on_samples else []
+
     @property
     def regressions(self) -> list[dict[str, Any]]:
         """Rows that fail ``--fail-on-regression``: slower cases, and candidate jobs that failed
@@ -97,19 +111,43 @@ def _job_rows(base: dict[str, Any], cand: dict[str, Any], th: Thresholds) -> lis
     base_cases = {case_identity(c): c for c in base["results"].get("cases", [])}
     cand_cases = cand["results"].get("cases", [])
     labels = case_labels(cand_cases)
+    twins = [base_cases.get(case_identity(c)) for c in cand_cases]
+    prior = _job_prior(list(zip(twins, cand_cases)))
     rows = []
-    for label, case in zip(labels, cand_cases):
-        twin = base_cases.get(case_identity(case))
+    for label, case, twin in zip(labels, cand_cases, twins):
         if twin is None or not twin.get("times_s") or not case.get("times_s"):
             rows.append({**common, "case": label, "verdict": "not compared",
                          "note": "no matching case in the baseline" if twin is None else "no per-iteration times"})
             continue
-        v = compare_samples(twin["times_s"], case["times_s"], th)
-        note = ""
-        if min(v.n_baseline, v.n_candidate) < 7:
-            note = "fewer than 7 iterations a side: the test can never reach p < 0.002"
+        if _rounds(twin) and _rounds(case):
+            v = compare_rounds(_rounds(twin), _rounds(case), th, prior_variance=prior,
+                               medians=(twin["round_medians_s"], case["round_medians_s"]))
+            note = ""
+            if v.verdict == "undecided":
+                note = (f"too few rounds to decide ({v.n_baseline} and {v.n_candidate}; "
+                        f"at least {th.min_rounds} a side)")
+        else:
+            v = compare_samples(twin["times_s"], case["times_s"], th)
+            note = "process-to-process noise not covered (no rounds on both sides)"
+            if min(v.n_baseline, v.n_candidate) < 7:
+                note = "fewer than 7 iterations a side: the test can never reach p < 0.002; " + note
         rows.append({**common, "case": label, **v.as_dict(), "note": note})
     return rows
+
+
+def _rounds(case: dict[str, Any]) -> list[float] | None:
+    """A case's value per round that compare judges on: each round's fastest sample."""
+    return case.get("round_mins_s") if case.get("round_medians_s") else None
+
+
+def _job_prior(pairs: list[tuple[dict[str, Any] | None, dict[str, Any]]]) -> float | None:
+    """The job's typical between-round variance (logs): the median over its cases with rounds
+    (the rounds of one launch share its placement and load, so its cases vary alike)."""
+    variances = [log_variance(_rounds(b), _rounds(c))[0] for b, c in pairs  # type: ignore[arg-type]
+                 if b is not None and _rounds(b) and _rounds(c)]
+    variances = [v for v in variances if v == v]  # drop NaN (a side with one round)
+    # a typical case needs cases to be typical of: a job of a few cases is judged case by case
+    return statistics.median(variances) if len(variances) >= MIN_PRIOR_CASES else None
 
 
 def compare_sweeps(baseline: Sweep, candidate: Sweep, *, on: Sequence[str] | None = None,
@@ -172,16 +210,22 @@ def _fmt_cell(key: str, value: Any) -> Any:
 def render_comparison(comparison: Comparison, baseline: Sweep, candidate: Sweep, thresholds: Thresholds) -> str:
     from sweepbench.report.template import render
 
-    shown = ("benchmark", "candidate_tag", "case", "verdict", "ratio", "ci_low", "ci_high", "p_value",
+    shown = ("benchmark", "candidate_tag", "case", "verdict", "basis", "ratio", "ci_low", "ci_high", "p_value",
              "threshold", "baseline_median_s", "candidate_median_s", "baseline_cv", "candidate_cv",
              "unstable", "note")
     rows = [[_fmt_cell(k, r.get(k)) for k in shown] for r in comparison.rows]
     counts = comparison.counts()
     t = thresholds
-    rule = (f"slower/faster: ratio of medians beyond 1 + max({t.min_change:g}, {t.noise_factor:g} x the baseline's noise, "
-            f"IQR/(1.349 median)) "
-            f"and Mann-Whitney U p < {t.p_value:g}; ~: the ratio crosses but the test does not; unstable: a side's "
-            f"CV > {t.max_cv:g} or max/median > {t.max_spread:g}. Interval: bootstrap 95% of the ratio.")
+    rule = (f"With rounds on both sides (basis rounds): slower/faster: ratio of the geometric means of the rounds' "
+            f"fastest samples beyond 1 + max({t.min_change:g}, {t.noise_factor:g} x the spread between rounds, the "
+            f"pooled SD of their logs moderated towards the job's typical case with {t.prior_df:g} degrees of "
+            f"freedom) and a t-test on their logs p < {t.rounds_p_value:g}; undecided: fewer than "
+            f"{t.min_rounds} rounds a side. Interval: the t-test's 95% of the ratio. "
+            f"Otherwise (basis samples): ratio of medians beyond 1 + max({t.min_change:g}, {t.noise_factor:g} x the "
+            f"baseline's noise, IQR/(1.349 median)) and Mann-Whitney U p < {t.p_value:g}; unstable: a side's "
+            f"CV > {t.max_cv:g} or max/median > {t.max_spread:g}; interval: bootstrap 95% of the ratio. "
+            f"~: the ratio crosses but the test does not."
+            + "".join(f" Note: {n}." for n in comparison.notes()))
     meta = [("baseline", f"{baseline.path} ({baseline.date})"), ("candidate", f"{candidate.path} ({candidate.date})")]
     return render("compare.html", title=f"sweepbench compare: {baseline.name} -> {candidate.name}",
                   generated=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),

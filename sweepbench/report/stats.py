@@ -1,6 +1,12 @@
-"""The verdict of a comparison of two samples of per-iteration times (lower is better).
+"""The verdict of a comparison of two measurements of one case (lower is better).
 
-asv's rule with a noise floor. A change is reported only when both hold:
+With rounds on both sides (``sweep.repeats``; see ``compare_rounds``) the verdict rests on the
+rounds' medians, one per independent launch of the job, so that the variation between
+processes (placement, allocator, clocks, a neighbour's load) is part of the noise it is judged
+against. Without them it rests on one process's samples (``compare_samples``), which cannot see
+that variation.
+
+``compare_samples``: asv's rule with a noise floor. A change is reported only when both hold:
 
 * the ratio of medians (candidate / baseline) is beyond ``1 + max(min_change, noise_factor x
   the baseline's relative noise)`` (slower) or below its reciprocal (faster): per-iteration times
@@ -35,13 +41,22 @@ class Thresholds:
     max_spread: float = 1.5  # ... or with a larger max/median
     bootstrap: int = 2000  # resamples for the ratio's 95% interval
     seed: int = 0  # the interval is reproducible
+    # with rounds (compare_rounds): the fewest rounds a side that can decide, the level of the
+    # t-test on the logs of the rounds' values, and the weight (degrees of freedom) of the job's
+    # typical between-round variance in each case's
+    min_rounds: int = 3
+    rounds_p_value: float = 0.01
+    prior_df: float = 8.0
 
     def __post_init__(self) -> None:
-        for name in ("min_change", "noise_factor", "p_value", "max_cv"):
+        for name in ("min_change", "noise_factor", "p_value", "max_cv", "prior_df"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
-        if not 0 < self.p_value < 1:
-            raise ValueError(f"p_value={self.p_value} must be in (0, 1)")
+        for name in ("p_value", "rounds_p_value"):
+            if not 0 < getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be in (0, 1)")
+        if self.min_rounds < 2:
+            raise ValueError(f"min_rounds={self.min_rounds} must be >= 2 (a spread needs two rounds)")
         if self.max_spread < 1:
             raise ValueError(f"max_spread={self.max_spread} must be >= 1 (max/median)")
 
@@ -92,8 +107,9 @@ class Verdict:
     baseline_spread: float
     candidate_spread: float
     unstable: bool
-    n_baseline: int
+    n_baseline: int  # samples, or rounds (basis "rounds")
     n_candidate: int
+    basis: str = "samples"  # "rounds": the rounds' medians; "samples": one process's samples
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,3 +139,68 @@ def compare_samples(base: Sequence[float], cand: Sequence[float], th: Thresholds
         verdict = "unstable"
     return Verdict(verdict, ratio, lo, hi, p, threshold, noise, mb, mc, cv(base), cv(cand), spread(base),
                    spread(cand), unstable, len(base), len(cand))
+
+
+def log_variance(base: Sequence[float], cand: Sequence[float]) -> tuple[float, int]:
+    """(pooled variance of the logs of both sides' round values, its degrees of freedom); NaN
+    when a side has a single round."""
+    b, c = np.log(np.asarray(base, dtype=float)), np.log(np.asarray(cand, dtype=float))
+    if min(len(b), len(c)) < 2:
+        return math.nan, 0
+    df = len(b) + len(c) - 2
+    return float((b.var(ddof=1) * (len(b) - 1) + c.var(ddof=1) * (len(c) - 1)) / df), df
+
+
+def compare_rounds(base: Sequence[float], cand: Sequence[float], th: Thresholds = Thresholds(), *,
+                   prior_variance: float | None = None, medians: tuple[Sequence[float], Sequence[float]] | None = None
+                   ) -> Verdict:
+    """The verdict on ``cand`` against ``base``, each a list of one value per round (seconds; one
+    round = one independent launch of the job). compare passes each round's fastest sample: on a
+    shared machine interference only adds time, so a round's fastest sample is its least
+    disturbed, while a slower code path slows every sample. In logs, the change is the difference
+    of the means (``ratio``: the ratio of the geometric means) and the noise is the spread between
+    rounds: the pooled standard deviation of the logs of both sides, moderated towards
+    ``prior_variance`` (the job's typical case, with ``prior_df`` degrees of freedom; limma's
+    moderated t) since three rounds alone say little about it. A change is reported only when
+    both hold:
+
+    * ``ratio`` is beyond ``1 + max(min_change, noise_factor x noise)`` (or below its reciprocal);
+    * the t-test of the difference with that noise gives p < ``rounds_p_value``.
+
+    ``~`` when only the first holds; ``undecided`` when a side has fewer than ``min_rounds``
+    rounds. The interval is the t-test's 95% interval of the ratio. ``medians``: the rounds'
+    medians, for the median columns."""
+    from scipy import stats as sst
+
+    b = np.log(np.asarray(base, dtype=float))
+    c = np.log(np.asarray(cand, dtype=float))
+    mb_r, mc_r = medians if medians is not None else (base, cand)
+    mb, mc = float(np.median(mb_r)), float(np.median(mc_r))
+    ratio = float(np.exp(c.mean() - b.mean()))
+    common = dict(baseline_median_s=mb, candidate_median_s=mc, baseline_cv=cv(list(np.exp(b))),
+                  candidate_cv=cv(list(np.exp(c))), baseline_spread=spread(list(np.exp(b))),
+                  candidate_spread=spread(list(np.exp(c))), unstable=False, n_baseline=len(b),
+                  n_candidate=len(c), basis="rounds")
+    if min(len(b), len(c)) < th.min_rounds:
+        return Verdict("undecided", ratio, math.nan, math.nan, math.nan, math.nan, math.nan, **common)
+    variance, df = log_variance(base, cand)
+    if prior_variance is not None and math.isfinite(prior_variance) and th.prior_df > 0:
+        variance = (th.prior_df * prior_variance + df * variance) / (th.prior_df + df)
+        df = df + th.prior_df
+    noise = math.sqrt(variance)
+    threshold = 1 + max(th.min_change, th.noise_factor * noise)
+    diff = float(c.mean() - b.mean())
+    se = noise * math.sqrt(1 / len(b) + 1 / len(c))
+    if se > 0:
+        p = float(2 * sst.t.sf(abs(diff) / se, df))
+        half = float(sst.t.ppf(0.975, df)) * se
+    else:  # identical rounds on each side: the difference is exact
+        p, half = (1.0 if diff == 0 else 0.0), 0.0
+    significant = p < th.rounds_p_value
+    if ratio > threshold:
+        verdict = "slower" if significant else "~"
+    elif ratio < 1 / threshold:
+        verdict = "faster" if significant else "~"
+    else:
+        verdict = "unchanged"
+    return Verdict(verdict, ratio, math.exp(diff - half), math.exp(diff + half), p, threshold, noise, **common)

@@ -1,6 +1,11 @@
 """Aggregation: one row per job of the sweep directory (this invocation's grid and any job an
 earlier invocation left there), from each job's metrics.json, to results.csv/.parquet. Columns
-``resumed`` (skipped: already ok) and ``this_run`` (launched by this invocation) say which is which."""
+``resumed`` (skipped: already ok) and ``this_run`` (launched by this invocation) say which is which.
+
+``timed_s`` / ``measuring_fraction``: the seconds of the job's timed samples and their share of
+its wall time. A job of rounds (``sweep.repeats``) has one row: its headline numbers are the
+median across rounds (see ``sweep.rounds``), ``repeats`` says how many rounds it ran and
+``<key>_rounds`` lists every round's value of each ``*_median_s`` headline number."""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ import pandas as pd
 
 from sweepbench.record.atomic import read_json, write_atomic
 from sweepbench.record import METRICS_FILE
+from sweepbench.record.recorder import sample_ops, timed_seconds
+from sweepbench.sweep.rounds import unit_dir
 
 CONFIG_COLUMNS = {
     "benchmark": ("benchmark", "name"), "model": ("model", "name"),
@@ -49,8 +56,35 @@ def job_row(metrics: dict[str, Any]) -> dict[str, Any]:
                 "world_size": metrics.get("world_size"), "verified": metrics.get("verified"),
                 "wall_time_s": metrics.get("wall_time_s"),
                 "peak_allocated_bytes": _dig(metrics, ("memory", "max", "peak_allocated_bytes"))})
+    row.update(_measuring(metrics))
     row.update(_dig(metrics, ("results", "summary")) or {})
     return row
+
+
+def _measuring(metrics: dict[str, Any]) -> dict[str, Any]:
+    """timed_s and measuring_fraction (computed from the cases for records older than them)."""
+    timed = metrics.get("timed_s")
+    if timed is None and metrics.get("status") == "ok":
+        results = metrics.get("results") or {}
+        timed = timed_seconds(results.get("cases") or [], ops_per_sample=sample_ops(results))
+    wall = metrics.get("wall_time_s")
+    fraction = timed / wall if timed is not None and wall else None
+    return {"timed_s": timed, "measuring_fraction": fraction}
+
+
+def _round_columns(sweep_dir: Path, metrics: dict[str, Any]) -> dict[str, Any]:
+    """repeats, and each ``*_median_s`` headline number's value in every round (``a;b;c``)."""
+    repeats = metrics.get("repeats")
+    if not repeats:
+        return {}
+    tag = str(metrics.get("tag"))
+    rounds = [read_json(unit_dir(sweep_dir, tag, r) / METRICS_FILE) or {} for r in range(1, repeats + 1)]
+    out: dict[str, Any] = {"repeats": repeats}
+    for key in (_dig(metrics, ("results", "summary")) or {}):
+        if key.endswith("_median_s"):
+            values = [_dig(m, ("results", "summary", key)) for m in rounds]
+            out[f"{key}_rounds"] = ";".join("" if v is None else f"{v:.6g}" for v in values)
+    return out
 
 
 def _missing_row(job: Any, error: str) -> dict[str, Any]:
@@ -64,7 +98,8 @@ def _earlier_jobs(sweep_dir: Path, known: set[str]) -> list[dict[str, Any]]:
     for job_dir in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and p.name not in known):
         metrics = read_json(job_dir / METRICS_FILE)
         if isinstance(metrics, dict) and metrics.get("tag") == job_dir.name:
-            rows.append({**job_row(metrics), "resumed": False, "this_run": False})
+            rows.append({**job_row(metrics), **_round_columns(sweep_dir, metrics), "resumed": False,
+                         "this_run": False})
     return rows
 
 
@@ -79,7 +114,7 @@ def aggregate_sweep(sweep_dir: Path, jobs: Iterable[Any], *, resumed: set[str],
         if not isinstance(metrics, dict):
             row = _missing_row(job, crashed.get(job.tag, "the job left no metrics.json"))
         else:
-            row = job_row(metrics)
+            row = {**job_row(metrics), **_round_columns(sweep_dir, metrics)}
         row["resumed"] = job.tag in resumed
         row["this_run"] = job.tag not in resumed
         rows.append(row)

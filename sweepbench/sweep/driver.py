@@ -1,7 +1,8 @@
 """The sweep driver: expand the grid, validate and tag every job before any starts, check the
 sweep directory and lock it, skip jobs already done (resume), launch the rest, then aggregate
-the whole directory's results. Ctrl-C/SIGTERM during a local sweep stop it cleanly (see
-``interrupt``)."""
+the whole directory's results. With ``sweep.repeats=N`` the launch is N passes, round 1 of every
+job, then round 2, ... (see ``rounds``). Ctrl-C/SIGTERM during a local sweep stop it cleanly
+(see ``interrupt``)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from sweepbench.launch import interrupt, status
 from sweepbench.launch.preflight import fit_note, validate_config
 from sweepbench.record.atomic import write_atomic
-from sweepbench.sweep import resume
+from sweepbench.sweep import resume, rounds
 from sweepbench.sweep.compose import JobComposer
 from sweepbench.sweep.errors import error_line, exit_bad_input
 from sweepbench.sweep.report import print_plan
@@ -40,8 +41,11 @@ class PlannedJob:
 
     @property
     def launch_overrides(self) -> list[str]:
-        return [*self.overrides, f"hydra.sweep.subdir='{self.tag}'"]  # quoted: a tag may hold '='
+        return self.round_overrides(None)
 
+    def round_overrides(self, round_: int | None) -> list[str]:
+        # quoted: a tag may hold '='
+        return [*self.overrides, f"hydra.sweep.subdir='{rounds.unit_subdir(self.tag, round_)}'"]
 
 
 def runs_locally(sweeper: Any) -> bool:
@@ -90,8 +94,10 @@ def _resume_command(sweep_dir: Path) -> str:
 
 
 def run_sweep(sweeper: Any, arguments: list[str]) -> list[Any]:
-    jobs = plan_jobs(sweeper, arguments)
     opts = sweeper.config.sweep
+    if opts.repeats < 1:
+        exit_bad_input(f"sweep.repeats={opts.repeats} must be >= 1 (how many times each job runs)")
+    jobs = plan_jobs(sweeper, arguments)
     sweep_dir = Path(sweeper.config.hydra.sweep.dir)
     if opts.dry_run:
         print_plan(jobs, sweep_dir=sweep_dir, hydra_overrides=list(sweeper.config.hydra.overrides.hydra))
@@ -104,33 +110,59 @@ def run_sweep(sweeper: Any, arguments: list[str]) -> list[Any]:
         return _run_locked(sweeper, jobs, sweep_dir)
 
 
+def _launch_rounds(sweeper: Any, jobs: list[PlannedJob], todo: list[rounds.Unit],
+                   crashed: dict[rounds.Unit, str]) -> list[Any]:
+    """Launch the rounds of ``todo``, round by round (all of round 1, then round 2, ...); a stop
+    asked for ends it after the running job. Jobs that raised go to ``crashed`` ({round: error})."""
+    by_tag = {j.tag: j for j in jobs}
+    returns: list[Any] = []
+    num = 0
+    for r in dict.fromkeys(r for _, r in todo):
+        batch = [tag for tag, rr in todo if rr == r]
+        done = list(sweeper.launcher.launch([by_tag[t].round_overrides(r) for t in batch], initial_job_idx=num))
+        num += len(batch)
+        returns += done
+        crashed.update({(t, r): _crash_message(ret) for t, ret in zip(batch, done) if ret.status == JobStatus.FAILED})
+        if interrupt.requested() is not None:
+            break
+    return returns
+
+
 def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[Any]:
     from sweepbench.sweep.aggregate import aggregate_sweep
     from sweepbench.sweep.report import print_summary
 
     _save_sweep_config(sweeper, sweep_dir)
-    resumed, why = resume.resume_plan(sweep_dir, jobs, force=sweeper.config.sweep.force)
-    line = resume.describe(resumed, why)
+    repeats = int(sweeper.config.sweep.repeats)
+    done, why = resume.resume_plan(sweep_dir, jobs, force=sweeper.config.sweep.force, repeats=repeats)
+    line = resume.describe(done, why, repeats=repeats)
     if line:
         print(line, flush=True)
-    todo = [j for j in jobs if j.tag not in resumed]
-    resume.retire_old_metrics(sweep_dir, (j.tag for j in todo))
+    # round order: all of round 1, then round 2, ...; in a round, the grid's order
+    todo = [(j.tag, r) for r in rounds.rounds_of(repeats) for j in jobs if (j.tag, r) in why]
+    resumed = {j.tag for j in jobs if not any((j.tag, r) in why for r in rounds.rounds_of(repeats))}
+    resume.retire_old_metrics(sweep_dir, todo)
     restore = interrupt.install() if runs_locally(sweeper) else (lambda: None)
-    status.begin([j.tag for j in todo])
+    status.begin([status.unit_label(tag, r) for tag, r in todo])
+    crashed: dict[rounds.Unit, str] = {}
     returns: list[Any] = []
     stopped_by: int | None = None
     try:
         if todo:
-            returns = list(sweeper.launcher.launch([j.launch_overrides for j in todo], initial_job_idx=0))
+            returns = _launch_rounds(sweeper, jobs, todo, crashed)
         stopped_by = interrupt.requested()
     except interrupt.SweepInterrupted as stop:
         stopped_by = stop.signum
     finally:
         restore()
         status.end()
-    crashed = {j.tag: _crash_message(r) for j, r in zip(todo, returns) if r.status == JobStatus.FAILED}
-    table = aggregate_sweep(sweep_dir, jobs, resumed=resumed, crashed=crashed)
+    if repeats > 1:
+        rounds.write_combined(sweep_dir, [j.tag for j in jobs], repeats=repeats,
+                              crashed={(t, r): m for (t, r), m in crashed.items() if r is not None})
+    first_crash = {tag: msg for (tag, _), msg in reversed(list(crashed.items()))}
+    table = aggregate_sweep(sweep_dir, jobs, resumed=resumed, crashed=first_crash)
     print_summary(table, sweep_dir=sweep_dir)
+    print_measuring_fraction(table)
     try:  # the HTML report (sweepbench.report): a failure to write it never fails the sweep
         from sweepbench.report import write_sweep_report
 
@@ -140,7 +172,8 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
     if stopped_by is not None:
         name = signal.Signals(stopped_by).name
         finished = int((table["this_run"] & (table["status"] == "ok")).sum())
-        print(f"sweepbench: interrupted by {name}: {finished} of {len(todo)} jobs of this run finished ok; "
+        ran = len({tag for tag, _ in todo})
+        print(f"sweepbench: interrupted by {name}: {finished} of {ran} jobs of this run finished ok; "
               f"resume with: {_resume_command(sweep_dir)}", file=sys.stderr)
         sys.exit(128 + stopped_by)
     grid = table[table["this_run"] | table["resumed"]]  # jobs of earlier grids do not decide the exit code
@@ -150,6 +183,19 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
               f"(see {sweep_dir / 'results.csv'})", file=sys.stderr)
         sys.exit(1)
     return [returns]
+
+
+def print_measuring_fraction(table: Any) -> None:
+    """One line: how much of the jobs' wall time this run spent in timed samples."""
+    ran = table[table["this_run"] & (table["status"] == "ok")] if "timed_s" in table else table.iloc[0:0]
+    wall = float(ran["wall_time_s"].sum()) if len(ran) else 0.0
+    if wall <= 0:
+        return
+    timed = float(ran["timed_s"].sum())
+    each = ran["measuring_fraction"].dropna()
+    spread = f"; per job {each.min():.1%} to {each.max():.1%}" if len(each) > 1 else ""
+    print(f"sweepbench: measuring fraction {timed / wall:.1%}: {timed:.2f} s timed of {wall:.1f} s job wall "
+          f"time ({len(ran)} jobs ok this run{spread})")
 
 
 def _crash_message(job_return: Any) -> str:

@@ -1,8 +1,11 @@
-"""Resume: which jobs of a sweep directory are done, and why the others run (again).
+"""Resume: which jobs (or rounds of jobs, ``sweep.repeats``) of a sweep directory are done, and
+why the others run (again).
 
-A job is done only if its metrics.json is a JSON object that says ``ok``, names the job's tag,
-and holds a config that still hashes to the job's config (a tag is a promise about the config;
-an edited or stale record is not trusted). Anything else, unreadable included, is rerun."""
+A job (a round) is done only if its metrics.json is a JSON object that says ``ok``, names the
+job's tag, and holds a config that still hashes to the job's config (a tag is a promise about the
+config; an edited or stale record is not trusted). Anything else, unreadable included, is rerun.
+With rounds, each round is judged on its own ``<tag>/rounds/<r>/metrics.json``: only the rounds
+that are not done run again."""
 
 from __future__ import annotations
 
@@ -16,14 +19,15 @@ from omegaconf import OmegaConf
 from sweepbench.record import METRICS_FILE
 from sweepbench.record.atomic import read_json
 from sweepbench.record.env import redact_config
+from sweepbench.sweep.rounds import Unit, rounds_of, unit_dir
 from sweepbench.sweep.tags import hash_of, tagged_container
 
 PREVIOUS_METRICS_FILE = "metrics.previous.json"
 
 
-def job_state(sweep_dir: Path, job: Any) -> str:
-    """``ok``, or why the job must run."""
-    path = sweep_dir / job.tag / METRICS_FILE
+def job_state(sweep_dir: Path, job: Any, round_: int | None = None) -> str:
+    """``ok``, or why the job (its round ``round_``) must run."""
+    path = unit_dir(sweep_dir, job.tag, round_) / METRICS_FILE
     if not path.exists():
         return "its last run left no metrics.json" if path.with_name(PREVIOUS_METRICS_FILE).exists() else "not run yet"
     metrics = read_json(path)
@@ -40,33 +44,38 @@ def job_state(sweep_dir: Path, job: Any) -> str:
     return "ok"
 
 
-def resume_plan(sweep_dir: Path, jobs: Iterable[Any], *, force: bool) -> tuple[set[str], dict[str, str]]:
-    """(tags already done and skipped, {tag: why it runs} for the others)."""
-    done: set[str] = set()
-    why: dict[str, str] = {}
+def resume_plan(sweep_dir: Path, jobs: Iterable[Any], *, force: bool,
+                repeats: int = 1) -> tuple[set[Unit], dict[Unit, str]]:
+    """(rounds already done and skipped, {round: why it runs} for the others), each round a
+    ``(tag, r)`` (r None without rounds)."""
+    done: set[Unit] = set()
+    why: dict[Unit, str] = {}
     for job in jobs:
-        state = job_state(sweep_dir, job)
-        if state == "ok" and not force:
-            done.add(job.tag)
-        else:
-            why[job.tag] = "sweep.force=true" if state == "ok" else state
+        for r in rounds_of(repeats):
+            state = job_state(sweep_dir, job, r)
+            if state == "ok" and not force:
+                done.add((job.tag, r))
+            else:
+                why[(job.tag, r)] = "sweep.force=true" if state == "ok" else state
     return done, why
 
 
-def describe(done: set[str], why: dict[str, str]) -> str | None:
-    """One line: how many jobs are skipped and why the others run; None for a fresh sweep."""
+def describe(done: set[Unit], why: dict[Unit, str], *, repeats: int = 1) -> str | None:
+    """One line: how many jobs (rounds) are skipped and why the others run; None for a fresh sweep."""
     reasons = Counter(why.values())
     if not done and set(reasons) <= {"not run yet"}:
         return None
     parts = ", ".join(f"{n} {reason}" for reason, n in reasons.most_common())
-    return (f"resume: {len(done)} job(s) already ok, skipped; {len(why)} to run"
+    what = "job(s)" if repeats == 1 else "round(s)"
+    return (f"resume: {len(done)} {what} already ok, skipped; {len(why)} to run"
             + (f" ({parts})" if parts else ""))
 
 
-def retire_old_metrics(sweep_dir: Path, tags: Iterable[str]) -> None:
-    """Before a job runs (again): its old metrics.json must never stand in for this run, if this
-    run dies before writing its own. Kept aside as metrics.previous.json."""
-    for tag in tags:
-        old = sweep_dir / tag / METRICS_FILE
-        if old.exists():
-            os.replace(old, old.with_name(PREVIOUS_METRICS_FILE))
+def retire_old_metrics(sweep_dir: Path, units: Iterable[Unit]) -> None:
+    """Before a job (a round) runs (again): its old metrics.json must never stand in for this
+    run, if this run dies before writing its own. Kept aside as metrics.previous.json; with
+    rounds, the job's combined record too (rewritten once its rounds have run)."""
+    for tag, r in units:
+        for old in {unit_dir(sweep_dir, tag, r) / METRICS_FILE, sweep_dir / tag / METRICS_FILE}:
+            if old.exists():
+                os.replace(old, old.with_name(PREVIOUS_METRICS_FILE))

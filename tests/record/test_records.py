@@ -177,3 +177,13 @@ def test_a_killed_write_leaves_nothing_for_the_next_launch(tmp_path: Path) -> No
     assert len(list(tmp_path.glob(".*.tmp"))) == 2
     clear_leftovers(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json"]
+
+
+def test_timed_seconds_counts_every_op_a_sample_stands_for() -> None:
+    """measuring_fraction's numerator: a sample of k back-to-back ops records time / k, so it counts k times."""
+    from sweepbench.record.recorder import sample_ops, timed_seconds
+
+    cases = [{"times_s": [1.0, 2.0]}, {"times_s": [1.0], "ops_per_sample": 3}, {"op": "no times"}]
+    assert timed_seconds(cases) == 3.0 + 3.0
+    assert timed_seconds(cases, ops_per_sample=sample_ops({"sampling": {"ops_per_sample": 2}})) == 6.0 + 3.0
+    assert sample_ops({}) == sample_ops({"sampling": {"ops_per_sample": 0}}) == 1

@@ -30,8 +30,10 @@ SECRETS_SWEEP = [*TINY, "parallelism=tp1", f"+wandb_api_key={SECRET}", f"+launch
 
 # compare: one rank (no peer to wait for: the least noisy timing on a busy 2-core box), many
 # short iterations, so that a few preempted ones move neither the median nor the noise estimate
-COMPARE = ["benchmark=refit", "model=tiny", "parallelism=tp1", "benchmark.inference=tp1", "benchmark.iters=200",
-           "benchmark.warmup=5", "benchmark.probe_bytes=65536"]
+# three rounds a sweep (sweep.repeats): compare judges on the rounds
+COMPARE = ["benchmark=refit", "model=tiny", "parallelism=tp1", "benchmark.inference=tp1", "benchmark.iters=50",
+           "benchmark.warmup=5", "benchmark.probe_bytes=65536", "sweep.repeats=3"]
+COMPARE_ROUNDS = 3
 # a doubling: on a busy 2-core CI box the baseline's own noise (IQR/median) was seen at 13%, which
 # raises the threshold to 1.25 and would hide a 1.3x slowdown (correctly: it is within 2x noise)
 SLOW_FACTOR = 2.0

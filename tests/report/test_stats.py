@@ -94,3 +94,40 @@ def test_bad_thresholds_and_samples() -> None:
         Thresholds(max_spread=0.5)
     with pytest.raises(ValueError, match="at least 2 iterations"):
         compare_samples([1.0], [1.0, 2.0])
+
+
+# ---------------------------------------------------------------- rounds (compare_rounds)
+
+
+def test_rounds_same_values_unchanged_and_doubling_slower() -> None:
+    from sweepbench.report.stats import compare_rounds
+
+    base = [1.00e-3, 1.05e-3, 0.97e-3]
+    assert compare_rounds(base, [1.02e-3, 0.99e-3, 1.04e-3]).verdict == "unchanged"
+    v = compare_rounds(base, [2 * x for x in (1.02e-3, 0.99e-3, 1.04e-3)])
+    assert v.verdict == "slower" and v.basis == "rounds" and v.p_value < 0.01
+    assert v.ci_low < 2 < v.ci_high and v.ratio == pytest.approx(2, rel=0.05)
+    assert compare_rounds([2 * x for x in base], base).verdict == "faster"
+
+
+def test_rounds_spread_between_rounds_hides_a_shift_it_cannot_tell() -> None:
+    """A 1.3x shift with rounds that spread by 1.5x each way: not a change the rounds can establish."""
+    from sweepbench.report.stats import compare_rounds
+
+    base = [1.0, 1.5, 0.67]
+    v = compare_rounds(base, [1.3 * x for x in base])
+    assert v.verdict in ("unchanged", "~") and v.p_value > 0.01
+    # the same shift in a job whose cases typically vary little between rounds: the prior decides
+    tight = compare_rounds([1.0, 1.01, 0.99], [1.3, 1.31, 1.29], prior_variance=1e-4)
+    assert tight.verdict == "slower"
+
+
+def test_rounds_too_few_is_undecided_and_bad_settings() -> None:
+    from sweepbench.report.stats import compare_rounds
+
+    v = compare_rounds([1.0, 1.1], [2.0, 2.1])
+    assert v.verdict == "undecided" and v.n_baseline == 2 and v.ratio > 1.8
+    with pytest.raises(ValueError, match="min_rounds=1 must be >= 2"):
+        Thresholds(min_rounds=1)
+    with pytest.raises(ValueError, match=r"rounds_p_value=1.5 must be in \(0, 1\)"):
+        Thresholds(rounds_p_value=1.5)
