@@ -21,7 +21,9 @@ DOCS = [ROOT_DIR / "README.md", *sorted(p for p in (ROOT_DIR / "docs").rglob("*.
                                       if not p.relative_to(ROOT_DIR / "docs").parts[0] in ("results", "_incoming"))]
 STARTS = ("python -m sweepbench", "sweepbench ")
 # the one refusal a GPU command gets on a CPU machine, after every other check passed
-GPU_REFUSAL = re.compile(r"^sweepbench: error: .*(runs on cuda only|needs a GPU|GPUs, but 0 are visible|fails on a CPU)", re.M)
+GPU_REFUSAL = re.compile(r"^sweepbench: error: .*(runs on cuda only|needs a GPU|GPUs, but 0 are visible|fails on a CPU"
+                         r"|runs on GPUs, not backend=)", re.M)
+NCCL_TESTS_BUILD = "/path/to/nccl-tests/build"  # the docs' placeholder for a user's nccl-tests build
 
 
 def code_commands(text: str) -> list[str]:
@@ -47,10 +49,12 @@ COMMANDS = [(path.relative_to(ROOT_DIR).as_posix(), cmd)
             for path in DOCS for cmd in code_commands(path.read_text())]
 
 
-def args_of(cmd: str, *, user_conf: Path, sweeps: list[Path]) -> list[str]:
+def args_of(cmd: str, *, user_conf: Path, sweeps: list[Path], nccl_tests: Path | None = None) -> list[str]:
     """The command's arguments after ``sweepbench``, with the docs' placeholders made real: a user's
-    config directory, the sweeps a report reads, optional ``[...]`` parts left out."""
+    config directory, an nccl-tests build, the sweeps a report reads, optional ``[...]`` parts left out."""
     cmd = re.sub(r"\s\[--[^]]*\]", "", cmd)  # optional arguments as usage text shows them
+    if nccl_tests is not None:
+        cmd = cmd.replace(NCCL_TESTS_BUILD, str(nccl_tests))
     cmd = cmd.replace("file://$HOME/my_conf", f"file://{ROOT_DIR / 'docs' / 'slurm_example'}")
     cmd = cmd.replace("file:///path/to/my_conf", f"file://{user_conf}")
     cmd = cmd.replace("backend=nccl", "backend=gloo")  # this machine may have no GPU: the same jobs on gloo
@@ -78,6 +82,19 @@ def user_conf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return conf
 
 
+@pytest.fixture(scope="module")
+def nccl_tests_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the docs point at an nccl-tests build: a directory holding its binaries' names as
+    executables (a dry run checks they are there; nothing runs them)."""
+    from sweepbench.measure.nccl_tests import BINARIES
+
+    build = tmp_path_factory.mktemp("nccl_tests_build")
+    for name in BINARIES.values():
+        (build / name).write_text("#!/bin/sh\nexit 1\n")
+        (build / name).chmod(0o755)
+    return build
+
+
 def test_the_docs_hold_commands() -> None:
     pages = {page for page, _ in COMMANDS}
     assert "README.md" in pages and len(pages) >= 8, pages
@@ -86,9 +103,9 @@ def test_the_docs_hold_commands() -> None:
 
 
 @pytest.mark.parametrize(("page", "cmd"), COMMANDS, ids=[f"{p}:{c[:60]}" for p, c in COMMANDS])
-def test_docs_command_runs(page: str, cmd: str, main_sweep: SweepRun, user_conf: Path,
+def test_docs_command_runs(page: str, cmd: str, main_sweep: SweepRun, user_conf: Path, nccl_tests_build: Path,
                            tmp_path: Path) -> None:
-    args = args_of(cmd, user_conf=user_conf, sweeps=[main_sweep.sweep_dir])
+    args = args_of(cmd, user_conf=user_conf, sweeps=[main_sweep.sweep_dir], nccl_tests=nccl_tests_build)
     if args and args[0] in ("report", "compare"):
         proc = subprocess.run([sys.executable, "-m", "sweepbench", *args], cwd=tmp_path, env=base_env(),
                               capture_output=True, text=True, timeout=300)
