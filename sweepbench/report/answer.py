@@ -23,6 +23,7 @@ class Entry:
     label: str  # the job by the categorical axes that vary
     median_s: float
     times_s: list[float]
+    case: dict[str, Any] | None = None  # the case's record (its rounds, where the sweep ran them)
 
 
 @dataclass
@@ -46,8 +47,8 @@ class Ranking:
         if len(self.entries) < 2:
             return "the only configuration"
         ratio = self.entries[1].median_s / self.entries[0].median_s
-        if self.verdict is None:
-            return f"{ratio:.2f}x, {self.note}"
+        if self.verdict is None or self.verdict.verdict == "undecided":
+            return f"{ratio:.2f}x, {self.note or 'undecided'}"
         v = self.verdict
         p = f"p < {self.p_level:g}" if v.p_value < self.p_level else f"p = {v.p_value:.2g}"
         return f"{ratio:.2f}x, {v.verdict}, {p}"
@@ -94,13 +95,24 @@ def _case_keys(jobs: Sequence[dict[str, Any]]) -> dict[int, list[tuple[tuple[str
 
 
 def _compare(ranking: Ranking, thresholds: Any) -> None:
-    from sweepbench.report.stats import compare_samples
+    """compare's rule between the winner and the runner-up: on their rounds where the sweep ran
+    rounds (``sweep.repeats``), else on their per-iteration samples."""
+    from sweepbench.report.compare import case_rounds
+    from sweepbench.report.stats import compare_rounds, compare_samples
 
     if len(ranking.entries) < 2:
         return
     winner, runner = ranking.entries[0], ranking.entries[1]
+    rounds = [case_rounds(e.case or {}) for e in (winner, runner)]
     try:
-        ranking.verdict = compare_samples(winner.times_s, runner.times_s, thresholds)
+        if all(rounds):
+            ranking.verdict = compare_rounds(rounds[0], rounds[1], thresholds,
+                                             medians=(winner.case["round_medians_s"], runner.case["round_medians_s"]))
+            ranking.p_level = thresholds.rounds_p_value
+            if ranking.verdict.verdict == "undecided":
+                ranking.note = f"too few rounds to decide (at least {thresholds.min_rounds} a job)"
+        else:
+            ranking.verdict = compare_samples(winner.times_s, runner.times_s, thresholds)
     except ValueError as err:  # fewer than 2 iterations a side
         ranking.note = f"not tested ({err})"
 
@@ -133,7 +145,7 @@ def answer_benchmark(name: str, jobs: Sequence[dict[str, Any]], *, thresholds: A
             order.setdefault((group, case_label), (*(sortable(a.value(job)) for a in lay.scales), len(order)))
             median = case.get("median_s") or statistics.median(times)
             entry_label = lay.series_label(job) if lay.series else (group or str(job.get("tag")))
-            ranking.entries.append(Entry(job, entry_label, float(median), times))
+            ranking.entries.append(Entry(job, entry_label, float(median), times, case))
     for key in sorted(groups, key=order.__getitem__):
         ranking = groups[key]
         ranking.entries.sort(key=lambda e: e.median_s)

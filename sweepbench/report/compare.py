@@ -119,8 +119,8 @@ def _job_rows(base: dict[str, Any], cand: dict[str, Any], th: Thresholds) -> lis
             rows.append({**common, "case": label, "verdict": "not compared",
                          "note": "no matching case in the baseline" if twin is None else "no per-iteration times"})
             continue
-        if _rounds(twin) and _rounds(case):
-            v = compare_rounds(_rounds(twin), _rounds(case), th, prior_variance=prior,
+        if case_rounds(twin) and case_rounds(case):
+            v = compare_rounds(case_rounds(twin), case_rounds(case), th, prior_variance=prior,
                                medians=(twin["round_medians_s"], case["round_medians_s"]))
             note = ""
             if v.verdict == "undecided":
@@ -135,7 +135,7 @@ def _job_rows(base: dict[str, Any], cand: dict[str, Any], th: Thresholds) -> lis
     return rows
 
 
-def _rounds(case: dict[str, Any]) -> list[float] | None:
+def case_rounds(case: dict[str, Any]) -> list[float] | None:
     """A case's value per round that compare judges on: each round's fastest sample."""
     return case.get("round_mins_s") if case.get("round_medians_s") else None
 
@@ -143,8 +143,8 @@ def _rounds(case: dict[str, Any]) -> list[float] | None:
 def _job_prior(pairs: list[tuple[dict[str, Any] | None, dict[str, Any]]]) -> float | None:
     """The job's typical between-round variance (logs): the median over its cases with rounds
     (the rounds of one launch share its placement and load, so its cases vary alike)."""
-    variances = [log_variance(_rounds(b), _rounds(c))[0] for b, c in pairs  # type: ignore[arg-type]
-                 if b is not None and _rounds(b) and _rounds(c)]
+    variances = [log_variance(case_rounds(b), case_rounds(c))[0] for b, c in pairs  # type: ignore[arg-type]
+                 if b is not None and case_rounds(b) and case_rounds(c)]
     variances = [v for v in variances if v == v]  # drop NaN (a side with one round)
     # a typical case needs cases to be typical of: a job of a few cases is judged case by case
     return statistics.median(variances) if len(variances) >= MIN_PRIOR_CASES else None

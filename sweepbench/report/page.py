@@ -178,7 +178,7 @@ def distribution_figure(name: str, jobs: list[dict[str, Any]], ids: _Ids) -> lis
 
 
 _GAP = {"slower": "real", "~": "maybe (the test does not agree)", "unchanged": "within noise",
-        "unstable": "unstable (too noisy to tell)"}
+        "unstable": "unstable (too noisy to tell)", "undecided": "too few rounds to decide"}
 
 
 def answer_view(answer: Answer) -> dict[str, Any]:

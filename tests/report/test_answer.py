@@ -112,3 +112,16 @@ def test_overlap_check_sees_overlapping_labels(tmp_path: Path) -> None:
     page.write_text(f"<html><body><figure data-title='bad'>{figure_svg(fig, prefix='f')}</figure></body></html>")
     seen = visit(page)
     assert {("a long tick label", "another long label")} <= {(o["a"], o["b"]) for o in seen.overlaps}
+
+
+def test_fastest_judges_on_rounds_where_the_sweep_ran_them(compare_sweeps: dict[str, SweepRun]) -> None:
+    """Jobs run as rounds (sweep.repeats=3): the answer's gap is compare's verdict on the rounds
+    (the same rule `sweepbench compare` uses), not on one process's samples."""
+    jobs = [*_jobs(compare_sweeps["base"]), *_jobs(compare_sweeps["slow"])]
+    (answer,) = answer_jobs(jobs)
+    (ranking,) = answer.rankings
+    winner, runner = ranking.entries
+    assert winner.job["config"]["fault"]["kind"] == "none" and runner.job["config"]["fault"]["kind"] == "slow"
+    assert ranking.verdict.basis == "rounds" and ranking.verdict.n_baseline == 3 == ranking.verdict.n_candidate
+    assert ranking.verdict.verdict == "slower", ranking.sentence()
+    assert "slower, p < 0.01" in ranking.sentence()
