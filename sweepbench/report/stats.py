@@ -115,6 +115,16 @@ class Verdict:
         return asdict(self)
 
 
+def _verdict(ratio: float, threshold: float, significant: bool) -> str:
+    """A change beyond the threshold that the test agrees with is ``slower``/``faster``; one the
+    test does not agree with is ``~``; anything within the threshold is ``unchanged``."""
+    if ratio > threshold:
+        return "slower" if significant else "~"
+    if ratio < 1 / threshold:
+        return "faster" if significant else "~"
+    return "unchanged"
+
+
 def compare_samples(base: Sequence[float], cand: Sequence[float], th: Thresholds = Thresholds()) -> Verdict:
     """The verdict on ``cand`` against ``base`` (per-iteration seconds, lower is better)."""
     from scipy.stats import mannwhitneyu  # here: `report` and `--help` need the thresholds, not scipy
@@ -129,12 +139,7 @@ def compare_samples(base: Sequence[float], cand: Sequence[float], th: Thresholds
     threshold = 1 + max(th.min_change, th.noise_factor * noise)
     unstable = any(cv(xs) > th.max_cv or spread(xs) > th.max_spread for xs in (base, cand))
     significant = p < th.p_value
-    if ratio > threshold:
-        verdict = "slower" if significant else "~"
-    elif ratio < 1 / threshold:
-        verdict = "faster" if significant else "~"
-    else:
-        verdict = "unchanged"
+    verdict = _verdict(ratio, threshold, significant)
     if unstable and verdict not in ("slower", "faster"):
         verdict = "unstable"
     return Verdict(verdict, ratio, lo, hi, p, threshold, noise, mb, mc, cv(base), cv(cand), spread(base),
@@ -197,10 +202,5 @@ def compare_rounds(base: Sequence[float], cand: Sequence[float], th: Thresholds 
     else:  # identical rounds on each side: the difference is exact
         p, half = (1.0 if diff == 0 else 0.0), 0.0
     significant = p < th.rounds_p_value
-    if ratio > threshold:
-        verdict = "slower" if significant else "~"
-    elif ratio < 1 / threshold:
-        verdict = "faster" if significant else "~"
-    else:
-        verdict = "unchanged"
+    verdict = _verdict(ratio, threshold, significant)
     return Verdict(verdict, ratio, math.exp(diff - half), math.exp(diff + half), p, threshold, noise, **common)
