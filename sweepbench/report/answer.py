@@ -97,8 +97,7 @@ def _case_keys(jobs: Sequence[dict[str, Any]]) -> dict[int, list[tuple[tuple[str
 def _compare(ranking: Ranking, thresholds: Any) -> None:
     """compare's rule between the winner and the runner-up: on their rounds where the sweep ran
     rounds (``sweep.repeats``), else on their per-iteration samples."""
-    from sweepbench.report.compare import case_rounds
-    from sweepbench.report.stats import compare_rounds, compare_samples
+    from sweepbench.report.stats import case_rounds, compare_rounds, compare_samples
 
     if len(ranking.entries) < 2:
         return

@@ -25,7 +25,7 @@ from sweepbench.record.atomic import write_atomic
 from sweepbench.report.cases import case_identity, case_labels
 from sweepbench.report.load import Sweep
 from sweepbench.report.plotting import config_value, figure_svg, heatmap
-from sweepbench.report.stats import Thresholds, compare_rounds, compare_samples, log_variance
+from sweepbench.report.stats import Thresholds, case_rounds, compare_rounds, compare_samples, log_variance
 
 # what a job's config holds that does not change what is measured
 # every verdict a row can have, in the order counts are shown: stats' five, then the job-level two
@@ -133,11 +133,6 @@ def _job_rows(base: dict[str, Any], cand: dict[str, Any], th: Thresholds) -> lis
                 note = "fewer than 7 iterations a side: the test can never reach p < 0.002; " + note
         rows.append({**common, "case": label, **v.as_dict(), "note": note})
     return rows
-
-
-def case_rounds(case: dict[str, Any]) -> list[float] | None:
-    """A case's value per round that compare judges on: each round's fastest sample."""
-    return case.get("round_mins_s") if case.get("round_medians_s") else None
 
 
 def _job_prior(pairs: list[tuple[dict[str, Any] | None, dict[str, Any]]]) -> float | None:

@@ -146,6 +146,11 @@ def compare_samples(base: Sequence[float], cand: Sequence[float], th: Thresholds
                    spread(cand), unstable, len(base), len(cand))
 
 
+def case_rounds(case: dict[str, Any]) -> list[float] | None:
+    """A case's value per round that compare judges on: each round's fastest sample."""
+    return case.get("round_mins_s") if case.get("round_medians_s") else None
+
+
 def log_variance(base: Sequence[float], cand: Sequence[float]) -> tuple[float, int]:
     """(pooled variance of the logs of both sides' round values, its degrees of freedom); NaN
     when a side has a single round."""
