@@ -32,7 +32,9 @@ Layout of the cluster:
 multinode.py adds a second cluster of two nodes in network namespaces, sharing this
 cluster's munged and slurmdbd.
 
-Install the packages with ``.ci/install_slurm.sh`` first.
+Install the packages with ``.ci/install_slurm.sh`` first. The pieces: ``slurm_base`` (constants,
+errors, process helpers), ``slurm_files`` (the config files), ``slurm_daemons`` (each daemon's
+start, readiness and stop); this module puts them together as :class:`SlurmCluster`.
 
 Usable from a shell, too::
 
@@ -43,145 +45,33 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 try:
     from .ports import load_ports, refresh_ports, save_ports
 except ImportError:  # run as a script: python tests/slurm/cluster.py
     from ports import load_ports, refresh_ports, save_ports  # type: ignore[no-redef]
 
-DEFAULT_STATE_DIR = "/tmp/sweepbench-slurm"
-CLUSTER_NAME = "sweepbench"
-PARTITION = "debug"
-ACCOUNT = "sweepbench"
-CPUS = 16
-REAL_MEMORY_MB = 16000
-
-# TCP ports are picked free at start (ports.py) and kept in <state dir>/ports.json.
-PORT_NAMES = ("slurmctld", "slurmd", "slurmdbd", "mysql")
-CRED_EXPIRE_S = 10
-DB_USER = "slurm"
-DB_PASS = "sweepbench"
-DB_NAME = "slurm_acct_db"
-
-# Final job states as printed by sacct (first word: "CANCELLED by 0" -> CANCELLED).
-FINAL_STATES = frozenset(
-    {
-        "COMPLETED",
-        "FAILED",
-        "TIMEOUT",
-        "CANCELLED",
-        "NODE_FAIL",
-        "OUT_OF_MEMORY",
-        "BOOT_FAIL",
-        "DEADLINE",
-        "PREEMPTED",
-        "REVOKED",
-    }
-)
-# Node states (sinfo %T, lower case) in which the node answers and takes jobs.
-HEALTHY_NODE_STATES = frozenset({"idle", "mixed", "allocated", "completing"})
-
-INSTALL_HINT = (
-    "SLURM test cluster prerequisites are missing. Run `bash .ci/install_slurm.sh` "
-    "as root (installs munge, mariadb-server, slurmctld, slurmd, slurmdbd, slurm-client)."
-)
-
-_SBIN_PATHS = ("/usr/sbin", "/sbin", "/usr/bin", "/bin", "/usr/local/sbin", "/usr/local/bin")
-
-# name -> executable, in start order
-_DAEMONS = ("munged", "mariadbd", "slurmdbd", "slurmctld", "slurmd")
-_REQUIRED_BINARIES = (
-    "munged",
-    "munge",
-    "unmunge",
-    "mariadbd",
-    "mariadb-install-db",
-    "mariadb",
-    "mariadb-admin",
-    "slurmdbd",
-    "slurmctld",
-    "slurmd",
-    "slurmstepd",
-    "sbatch",
-    "srun",
-    "squeue",
-    "sacct",
-    "sacctmgr",
-    "scontrol",
-    "scancel",
-    "sinfo",
-)
+try:
+    from .slurm_base import (ACCOUNT, CLUSTER_NAME, CPUS, DB_NAME, DB_PASS, DB_USER, DEFAULT_STATE_DIR, FINAL_STATES, HEALTHY_NODE_STATES, INSTALL_HINT, PARTITION, PORT_NAMES, SlurmClusterError, _DAEMONS, _PreflightError, _SBIN_PATHS, _port_open, _tail, _which, missing_binaries)
+except ImportError:  # run as a script: python tests/slurm/cluster.py
+    from slurm_base import (ACCOUNT, CLUSTER_NAME, CPUS, DB_NAME, DB_PASS, DB_USER, DEFAULT_STATE_DIR, FINAL_STATES, HEALTHY_NODE_STATES, INSTALL_HINT, PARTITION, PORT_NAMES, SlurmClusterError, _DAEMONS, _PreflightError, _SBIN_PATHS, _port_open, _tail, _which, missing_binaries)  # type: ignore[no-redef]
+try:
+    from .slurm_daemons import SlurmDaemons
+    from .slurm_files import SlurmFiles
+except ImportError:  # run as a script
+    from slurm_daemons import SlurmDaemons  # type: ignore[no-redef]
+    from slurm_files import SlurmFiles  # type: ignore[no-redef]
 
 
-class SlurmClusterError(RuntimeError):
-    """The cluster could not be started, or a command against it failed."""
-
-
-class _PreflightError(SlurmClusterError):
-    """Start refused before any daemon was started (retrying on fresh state would not help)."""
-
-
-def _which(name: str) -> Optional[str]:
-    path = os.environ.get("PATH", "") + os.pathsep + os.pathsep.join(_SBIN_PATHS)
-    return shutil.which(name, path=path)
-
-
-def missing_binaries() -> List[str]:
-    """Names of the programs the cluster needs that are not installed."""
-    return [b for b in _REQUIRED_BINARIES if _which(b) is None]
-
-
-def _tail(path: Path, lines: int = 40) -> str:
-    try:
-        data = path.read_text(errors="replace").splitlines()
-    except OSError as exc:
-        return f"<cannot read {path}: {exc}>"
-    return "\n".join(data[-lines:])
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie is not alive
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return fields[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _pid_cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-class SlurmCluster:
+class SlurmCluster(SlurmFiles, SlurmDaemons):
     """One-node SLURM cluster on localhost; see the module docstring."""
 
     daemons: Sequence[str] = _DAEMONS  # ours, in start order
@@ -321,313 +211,6 @@ class SlurmCluster:
         )
 
     # ------------------------------------------------------------- configs
-    def _node_lines(self) -> str:
-        """slurm.conf's node and partition lines."""
-        host = self.node_name
-        return (f"NodeName={host} NodeAddr=127.0.0.1 CPUs={self.cpus} Sockets=1 CoresPerSocket={self.cpus} "
-                f"ThreadsPerCore=1 RealMemory={REAL_MEMORY_MB} State=UNKNOWN\n"
-                f"PartitionName={self.partition} Nodes={host} Default=YES MaxTime=INFINITE State=UP\n")
-
-    def _slurmd_files(self) -> Dict[str, str]:
-        """slurmd's spool dir, pid and log file (one slurmd here)."""
-        return {"SlurmdSpoolDir": f"{self.state_dir}/slurmd", "SlurmdPidFile": f"{self.run_dir}/slurmd.pid",
-                "SlurmdLogFile": f"{self.log_dir}/slurmd.log"}
-
-    def _slurm_conf(self, *, munge_socket: Path, slurmdbd_port: int) -> str:
-        files = "".join(f"{k}={v}\n" for k, v in self._slurmd_files().items())
-        return f"""# generated by tests/slurm/cluster.py -- do not edit
-ClusterName={self.cluster_name}
-SlurmctldHost={self.node_name}({self.controller_addr})
-SlurmctldPort={self.ports["slurmctld"]}
-SlurmdPort={self.ports["slurmd"]}
-SlurmUser=root
-SlurmdUser=root
-# cred_expire also is how long a requeued job waits before it may start again
-# (default 120 s); 10 s keeps `scontrol requeue` tests fast.
-AuthType=auth/munge
-AuthInfo=socket={munge_socket},cred_expire={CRED_EXPIRE_S}
-CredType=cred/munge
-StateSaveLocation={self.state_dir}/slurmctld
-SlurmctldPidFile={self.run_dir}/slurmctld.pid
-SlurmctldLogFile={self.log_dir}/slurmctld.log
-{files}SlurmctldDebug=info
-SlurmdDebug=info
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-MpiDefault=none
-SwitchType=switch/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SchedulerType=sched/backfill
-SchedulerParameters=sched_interval=2,bf_interval=1,batch_sched_delay=0
-SlurmdParameters=config_overrides
-ReturnToService=2
-JobRequeue=1
-KillWait=2
-OverTimeLimit=0
-MinJobAge=30
-InactiveLimit=0
-WaitTime=0
-SlurmctldTimeout=30
-SlurmdTimeout=60
-MessageTimeout=10
-UnkillableStepTimeout=30
-AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=127.0.0.1
-AccountingStoragePort={slurmdbd_port}
-# for slurmdbd connections this names the munge socket (AuthInfo is not used there)
-AccountingStoragePass={munge_socket}
-JobAcctGatherType=jobacct_gather/linux
-JobAcctGatherFrequency=30
-JobCompType=jobcomp/none
-MailProg=/bin/true
-{self._node_lines()}"""
-
-    def _configs(self) -> Dict[Path, str]:
-        auth = f"AuthType=auth/munge\nAuthInfo=socket={self.munge_socket}\n"
-        slurm_conf = self._slurm_conf(munge_socket=self.munge_socket, slurmdbd_port=self.ports["slurmdbd"])
-        slurmdbd_conf = f"""# generated by tests/slurm/cluster.py -- do not edit
-{auth}DbdHost=localhost
-DbdAddr=127.0.0.1
-DbdPort={self.ports["slurmdbd"]}
-SlurmUser=root
-DebugLevel=info
-LogFile={self.log_dir}/slurmdbd.log
-PidFile={self.run_dir}/slurmdbd.pid
-StorageType=accounting_storage/mysql
-StorageHost=127.0.0.1
-StoragePort={self.ports["mysql"]}
-StorageUser={DB_USER}
-StoragePass={DB_PASS}
-StorageLoc={DB_NAME}
-"""
-        my_cnf = f"""# generated by tests/slurm/cluster.py -- do not edit
-[client]
-socket={self.mysql_socket}
-user=root
-
-[mysqld]
-user=root
-datadir={self.mysql_datadir}
-socket={self.mysql_socket}
-pid-file={self.run_dir}/mysqld.pid
-log-error={self.log_dir}/mysqld.log
-port={self.ports["mysql"]}
-bind-address=127.0.0.1
-skip-name-resolve
-skip-log-bin
-innodb_use_native_aio=0
-innodb_buffer_pool_size=64M
-innodb_log_file_size=32M
-innodb_lock_wait_timeout=900
-max_connections=100
-performance_schema=OFF
-"""
-        return {self.slurm_conf: slurm_conf, self.slurmdbd_conf: slurmdbd_conf, self.my_cnf: my_cnf}
-
-    def _config_hash(self) -> str:
-        h = hashlib.sha256()
-        for path, text in sorted(self._configs().items()):
-            h.update(str(path).encode() + b"\0" + text.encode() + b"\0")
-        return h.hexdigest()
-
-    def _write_configs(self) -> None:
-        for d in (self.state_dir, self.etc, self.run_dir, self.log_dir,
-                  self.state_dir / "slurmctld", self.state_dir / "slurmd"):
-            d.mkdir(parents=True, exist_ok=True)
-            os.chmod(d, 0o755)
-        for path, text in self._configs().items():
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(text)
-            os.chmod(tmp, 0o600 if path == self.slurmdbd_conf else 0o644)
-            os.replace(tmp, path)
-        (self.run_dir / "config.sha256").write_text(self._config_hash())
-        if not self.munge_key.exists() or self.munge_key.stat().st_size < 32:
-            tmp = self.munge_key.with_suffix(".tmp")
-            tmp.write_bytes(os.urandom(1024))
-            os.chmod(tmp, 0o400)
-            os.replace(tmp, self.munge_key)
-        os.chmod(self.munge_key, 0o400)
-
-    def _link_etc(self) -> None:
-        link = self._etc_link
-        try:
-            if link.is_symlink() or not link.exists():
-                link.parent.mkdir(parents=True, exist_ok=True)
-                if link.is_symlink():
-                    link.unlink()
-                link.symlink_to(self.slurm_conf)
-        except OSError:
-            pass  # only a convenience; clients use SLURM_CONF
-
-    def _unlink_etc(self) -> None:
-        link = self._etc_link
-        try:
-            if link.is_symlink() and os.readlink(link) == str(self.slurm_conf):
-                link.unlink()
-        except OSError:
-            pass
-
-    # ------------------------------------------------------ daemon control
-    def _pid_file(self, name: str) -> Path:
-        return self.run_dir / f"{name}.pid"
-
-    def _log_file(self, name: str) -> Path:
-        return self.log_dir / f"{name}.log"
-
-    def _out_file(self, name: str) -> Path:
-        return self.log_dir / f"{name}.out"
-
-    def _cmdline_marks(self, name: str) -> Sequence[str]:
-        """What the command line of our daemon ``name`` holds (to tell it from a reused pid)."""
-        return (name,)
-
-    def _daemon_pid(self, name: str) -> Optional[int]:
-        """Pid of our running daemon ``name`` (from its pid file), or None."""
-        try:
-            pid = int(self._pid_file(name).read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-        if pid <= 1 or not _pid_alive(pid):
-            return None
-        cmd = _pid_cmdline(pid)
-        if not all(mark in cmd for mark in self._cmdline_marks(name)):
-            return None  # stale pid file, pid reused by something else
-        return pid
-
-    def _spawn(self, name: str, args: List[str]) -> int:
-        exe = _which(args[0])
-        if exe is None:
-            raise SlurmClusterError(f"{args[0]} not found. {INSTALL_HINT}")
-        out = open(self._out_file(name), "ab")
-        out.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {' '.join(args)}\n".encode())
-        out.flush()
-        proc = subprocess.Popen(
-            [exe, *args[1:]],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=self._full_env(),
-            cwd=str(self.state_dir),
-            start_new_session=True,
-            close_fds=True,
-        )
-        out.close()
-        # Our own pid file (daemons may write theirs to the same path; same pid with -D/-F).
-        self._pid_file(name).write_text(f"{proc.pid}\n")
-        self._procs[name] = proc
-        return proc.pid
-
-    def _daemon_failed(self, name: str, why: str) -> SlurmClusterError:
-        logs = [self._out_file(name)]
-        if name != "munged":
-            logs.append(self._log_file(name))
-        else:
-            logs.append(self.log_dir / "munged.log")
-        text = f"SLURM test cluster: {name} failed to come up: {why}\n"
-        for log in logs:
-            if log.exists():
-                text += f"---- tail of {log}\n{_tail(log)}\n"
-        return SlurmClusterError(text)
-
-    def _wait(self, name: str, ready, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        proc = self._procs.get(name)
-        while True:
-            if proc is not None and proc.poll() is not None:
-                raise self._daemon_failed(name, f"process exited with code {proc.returncode}")
-            try:
-                if ready():
-                    return
-            except Exception:  # noqa: BLE001 - readiness probes may fail while starting
-                pass
-            if time.monotonic() > deadline:
-                raise self._daemon_failed(name, f"not {what} after {timeout}s")
-            time.sleep(0.2)
-
-    def _stop_daemon(self, name: str, timeout: float = 20) -> None:
-        pid = self._daemon_pid(name)
-        proc = self._procs.pop(name, None)
-        if pid is None and proc is not None and proc.poll() is None:
-            pid = proc.pid
-        if pid is not None:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            deadline = time.monotonic() + timeout
-            while _pid_alive(pid) and time.monotonic() < deadline:
-                if proc is not None:
-                    proc.poll()  # reap our child
-                time.sleep(0.1)
-            if _pid_alive(pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                deadline = time.monotonic() + 5
-                while _pid_alive(pid) and time.monotonic() < deadline:
-                    if proc is not None:
-                        proc.poll()
-                    time.sleep(0.1)
-        if proc is not None:
-            try:
-                proc.wait(timeout=1)
-            except subprocess.TimeoutExpired:
-                pass
-        self._pid_file(name).unlink(missing_ok=True)
-
-    # ----------------------------------------------------------- probes
-    def _munge_ok(self) -> bool:
-        if not self.munge_socket.exists():
-            return False
-        enc = subprocess.run(
-            [_which("munge") or "munge", "-n", "-S", str(self.munge_socket)],
-            capture_output=True, timeout=5, stdin=subprocess.DEVNULL,
-        )
-        if enc.returncode != 0:
-            return False
-        dec = subprocess.run(
-            [_which("unmunge") or "unmunge", "-S", str(self.munge_socket)],
-            input=enc.stdout, capture_output=True, timeout=5,
-        )
-        return dec.returncode == 0
-
-    def _mysql(self, sql: str, timeout: float = 20) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [_which("mariadb") or "mariadb", f"--defaults-file={self.my_cnf}", "-uroot", "-e", sql],
-            capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-        )
-
-    def _mysql_ok(self) -> bool:
-        return self._mysql("SELECT 1", timeout=5).returncode == 0
-
-    def _slurmdbd_ok(self) -> bool:
-        if not _port_open(self.ports["slurmdbd"]):
-            return False
-        return self.run(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"],
-                        check=False, timeout=10).returncode == 0
-
-    def _slurmctld_ok(self) -> bool:
-        proc = self.run(["scontrol", "ping"], check=False, timeout=10)
-        return proc.returncode == 0 and "UP" in proc.stdout
-
-    # ------------------------------------------------------------ health
-    def is_healthy(self) -> bool:
-        """All five daemons are ours, alive, on the current config, and the node takes jobs."""
-        try:
-            if (self.run_dir / "config.sha256").read_text() != self._config_hash():
-                return False
-        except OSError:
-            return False
-        if any(self._daemon_pid(name) is None for name in self.daemons):
-            return False
-        try:
-            return self._slurmctld_ok() and self.node_state() in HEALTHY_NODE_STATES
-        except SlurmClusterError:
-            return False
-
-    # ------------------------------------------------------------- start
     def start(self, timeout: float = 90) -> "SlurmCluster":
         """Start the cluster, or reuse it if it is already up and healthy.
 
