@@ -60,9 +60,17 @@ except ImportError:  # run as a script: python tests/slurm/cluster.py
     from ports import load_ports, refresh_ports, save_ports  # type: ignore[no-redef]
 
 try:
-    from .slurm_base import (ACCOUNT, CLUSTER_NAME, CPUS, DB_NAME, DB_PASS, DB_USER, DEFAULT_STATE_DIR, FINAL_STATES, HEALTHY_NODE_STATES, INSTALL_HINT, PARTITION, PORT_NAMES, SlurmClusterError, _DAEMONS, _PreflightError, _SBIN_PATHS, _port_open, _tail, _which, missing_binaries)
+    from .slurm_base import (
+        ACCOUNT, CLUSTER_NAME, CPUS, DB_NAME, DB_PASS, DB_USER, DEFAULT_STATE_DIR, FINAL_STATES,
+        HEALTHY_NODE_STATES, INSTALL_HINT, PARTITION, PORT_NAMES, SlurmClusterError, _DAEMONS,
+        _PreflightError, _SBIN_PATHS, _port_open, _tail, _which, missing_binaries
+    )
 except ImportError:  # run as a script: python tests/slurm/cluster.py
-    from slurm_base import (ACCOUNT, CLUSTER_NAME, CPUS, DB_NAME, DB_PASS, DB_USER, DEFAULT_STATE_DIR, FINAL_STATES, HEALTHY_NODE_STATES, INSTALL_HINT, PARTITION, PORT_NAMES, SlurmClusterError, _DAEMONS, _PreflightError, _SBIN_PATHS, _port_open, _tail, _which, missing_binaries)  # type: ignore[no-redef]
+    from slurm_base import (  # type: ignore[no-redef]
+        ACCOUNT, CLUSTER_NAME, CPUS, DB_NAME, DB_PASS, DB_USER, DEFAULT_STATE_DIR, FINAL_STATES,
+        HEALTHY_NODE_STATES, INSTALL_HINT, PARTITION, PORT_NAMES, SlurmClusterError, _DAEMONS,
+        _PreflightError, _SBIN_PATHS, _port_open, _tail, _which, missing_binaries
+    )
 try:
     from .slurm_daemons import SlurmDaemons
     from .slurm_files import SlurmFiles

@@ -10,9 +10,15 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 try:
-    from .slurm_base import (HEALTHY_NODE_STATES, INSTALL_HINT, SlurmClusterError, _pid_alive, _pid_cmdline, _port_open, _tail, _which)
+    from .slurm_base import (
+        HEALTHY_NODE_STATES, INSTALL_HINT, SlurmClusterError, _pid_alive, _pid_cmdline, _port_open,
+        _tail, _which
+    )
 except ImportError:  # run as a script: python tests/slurm/cluster.py
-    from slurm_base import (HEALTHY_NODE_STATES, INSTALL_HINT, SlurmClusterError, _pid_alive, _pid_cmdline, _port_open, _tail, _which)  # type: ignore[no-redef]
+    from slurm_base import (  # type: ignore[no-redef]
+        HEALTHY_NODE_STATES, INSTALL_HINT, SlurmClusterError, _pid_alive, _pid_cmdline, _port_open,
+        _tail, _which
+    )
 
 
 class SlurmDaemons:

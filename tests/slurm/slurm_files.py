@@ -8,9 +8,13 @@ from pathlib import Path
 from typing import Dict
 
 try:
-    from .slurm_base import (CRED_EXPIRE_S, DB_NAME, DB_PASS, DB_USER, REAL_MEMORY_MB)
+    from .slurm_base import (
+        CRED_EXPIRE_S, DB_NAME, DB_PASS, DB_USER, REAL_MEMORY_MB
+    )
 except ImportError:  # run as a script: python tests/slurm/cluster.py
-    from slurm_base import (CRED_EXPIRE_S, DB_NAME, DB_PASS, DB_USER, REAL_MEMORY_MB)  # type: ignore[no-redef]
+    from slurm_base import (  # type: ignore[no-redef]
+        CRED_EXPIRE_S, DB_NAME, DB_PASS, DB_USER, REAL_MEMORY_MB
+    )
 
 
 class SlurmFiles:
