@@ -83,6 +83,15 @@ def user_conf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def docs_sweep(main_sweep: SweepRun, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the main sweep for the docs' report/compare commands (they write into the sweep
+    they read; the other tests read the main sweep's directory as the sweep left it)."""
+    copy = tmp_path_factory.mktemp("docs_sweep") / "sweep"
+    shutil.copytree(main_sweep.sweep_dir, copy, symlinks=True)
+    return copy
+
+
+@pytest.fixture(scope="module")
 def nccl_tests_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where the docs point at an nccl-tests build: a directory holding its binaries' names as
     executables (a dry run checks they are there; nothing runs them)."""
@@ -103,9 +112,9 @@ def test_the_docs_hold_commands() -> None:
 
 
 @pytest.mark.parametrize(("page", "cmd"), COMMANDS, ids=[f"{p}:{c[:60]}" for p, c in COMMANDS])
-def test_docs_command_runs(page: str, cmd: str, main_sweep: SweepRun, user_conf: Path, nccl_tests_build: Path,
+def test_docs_command_runs(page: str, cmd: str, docs_sweep: Path, user_conf: Path, nccl_tests_build: Path,
                            tmp_path: Path) -> None:
-    args = args_of(cmd, user_conf=user_conf, sweeps=[main_sweep.sweep_dir], nccl_tests=nccl_tests_build)
+    args = args_of(cmd, user_conf=user_conf, sweeps=[docs_sweep], nccl_tests=nccl_tests_build)
     if args and args[0] in ("report", "compare"):
         proc = subprocess.run([sys.executable, "-m", "sweepbench", *args], cwd=tmp_path, env=base_env(),
                               capture_output=True, text=True, timeout=300)

@@ -105,7 +105,11 @@ def test_results_csv_has_one_row_per_job_with_the_rounds_medians(rounds_runs: di
         # the headline number: the median across rounds (of 2: their mean)
         assert row["all_reduce_median_s"] == pytest.approx(sum(per_round) / 2)
         walls = [rounds[row["tag"]][r]["wall_time_s"] for r in (1, 2)]
-        timed = [sum(sum(c["times_s"]) for c in rounds[row["tag"]][r]["results"]["cases"]) for r in (1, 2)]
+        # a sample of a batched collective stands for ops_per_sample operations: timed counts each
+        cases = [rounds[row["tag"]][r]["results"]["cases"] for r in (1, 2)]
+        assert all(c["ops_per_sample"] >= 1 for cs in cases for c in cs)
+        timed = [sum(sum(c["times_s"]) * c["ops_per_sample"] for c in cs) for cs in cases]
+        assert [rounds[row["tag"]][r]["timed_s"] for r in (1, 2)] == pytest.approx(timed)
         assert row["wall_time_s"] == pytest.approx(sum(walls))
         assert row["timed_s"] == pytest.approx(sum(timed))
         assert row["measuring_fraction"] == pytest.approx(sum(timed) / sum(walls)) and 0 < row["measuring_fraction"] < 1
@@ -128,7 +132,7 @@ def test_force_reruns_every_round(rounds_runs: dict[str, Any]) -> None:
 
 
 def test_repeats_is_not_part_of_the_tag(compose) -> None:
-    from .conftest import planned_tag
+    from tests.conftest import planned_tag
 
     assert planned_tag(compose, *TINY, "sweep.repeats=3") == planned_tag(compose, *TINY)
 
@@ -140,7 +144,7 @@ def test_bad_repeats_is_one_line_exit_2(tmp_path: Path) -> None:
 
 
 def test_compare_with_too_few_rounds_is_undecided(rounds_runs: dict[str, Any], tmp_path: Path) -> None:
-    from .report.conftest import sweepbench_cli
+    from tests.report.conftest import sweepbench_cli
 
     proc = sweepbench_cli("compare", rounds_runs["dir"], rounds_runs["dir"], "-o", tmp_path)
     assert proc.returncode == 0, proc.stderr
