@@ -231,6 +231,7 @@ def main() -> None:
                 writer.writeheader()
                 writer.writerows(rows)
             os.replace(tmp, args.out)
+        dist.barrier()  # no rank tears its pairs down while a peer is still in the last collective
     finally:
         dist.destroy_process_group()
 

@@ -12,23 +12,28 @@ load balancer); inside that one open context (and one ``sdpa_kernel(--backend)``
 iterations, then --iters timed ones of causal forward+backward, each between CUDA events after a
 synchronize and a barrier (host clock on CPU); an iteration's time is the slowest rank's. GQA kv
 heads are repeated to the query heads inside the step (torch's ring then rotates all heads), as
-the harness does. Prints median/IQR/min/max per length; --out gets a CSV.
+the harness does. The last timed output is checked before the times count: gathered from every
+rank into sequence order and compared with one device's SDPA on the whole sequence (same kernel,
+--atol); a run that attended only its own shard fails there. Prints median/IQR/min/max and the
+error per length; --out gets a CSV.
 
 The harness's backend for torch_cp is ``benchmark.sdpa_backend``; its default ``auto`` takes T1's
 fastest single-device backend (cuDNN on an H200): pass the backend the harness's metrics.json
 shows as ``sdpa_backend`` (or pin both: ``benchmark.sdpa_backend=cudnn`` and ``--backend cudnn``).
 ``--device cpu`` checks the plumbing on gloo at tiny sizes (torch's CP attention has no CPU
-kernel: see ``plumbing_attention``)."""
+kernel: see ``plumbing_attention``, an exact all-gather CP attention in its place)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
 import socket
 import statistics
 import sys
 import tempfile
+import time
 from datetime import timedelta
 
 import torch
@@ -39,7 +44,7 @@ import torch.nn.functional as F
 KERNELS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
            "math": "MATH"}
 COLUMNS = ["seq_len", "world_size", "heads", "kv_heads", "head_dim", "batch", "dtype", "backend", "rotate_method",
-           "warmup", "iters", "median_ms", "iqr_ms", "p25_ms", "p75_ms", "min_ms", "max_ms", "times_ms"]
+           "warmup", "iters", "max_abs_err", "median_ms", "iqr_ms", "p25_ms", "p75_ms", "min_ms", "max_ms", "times_ms"]
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -58,6 +63,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--atol", type=float, default=None,
+                   help="largest absolute error of the output against one device's SDPA (default 2e-2; fp32 1e-4)")
     p.add_argument("--out", default="", help="CSV file to write (rank 0)")
     args = p.parse_args(argv)
     args.kv_heads = args.kv_heads or args.heads
@@ -75,17 +82,52 @@ def quantile(xs: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+def head_tail(xs: list[torch.Tensor], dim: int = 2) -> torch.Tensor:
+    """The whole sequence from each rank's shard under torch's head-tail load balancer: the sequence
+    is cut in 2W chunks, rank r holds chunks r and 2W-1-r (in that order)."""
+    world = len(xs)
+    c = xs[0].shape[dim] // 2
+    return torch.cat([xs[j].narrow(dim, 0, c) if j < world else xs[2 * world - 1 - j].narrow(dim, c, c)
+                      for j in range(2 * world)], dim)
+
+
 def plumbing_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool) -> torch.Tensor:
     """--device cpu only: torch's CP attention has no CPU kernel (no sharding strategy for the CPU
     flash op), so the CPU check runs everything else (ranks, the context and its in-place sharding,
-    the timing loop, the slowest rank, the CSV) around this rank-local causal attention in matmuls."""
+    the timing loop, the slowest rank, the check, the CSV) around this all-gather CP attention in
+    matmuls: K/V of every rank gathered (differentiably) into sequence order, this rank's queries
+    masked by their head-tail positions. Its output is exact, so the same check as on CUDA holds."""
+    import torch.distributed._functional_collectives as fc
+
+    gather = getattr(fc, "all_gather_single_autograd", None) or fc.all_gather_tensor_autograd  # renamed in torch 2.13
+    world, rank, n = dist.get_world_size(), dist.get_rank(), q.shape[2]
+    k, v = (head_tail(list(gather(x.contiguous(), 0, dist.group.WORLD).chunk(world)))
+            for x in (k, v))
+    c = n // 2
+    qpos = torch.cat([torch.arange(rank * c, (rank + 1) * c), torch.arange((2 * world - 1 - rank) * c, (2 * world - rank) * c)])
     s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    mask = torch.ones(s.shape[-2:], dtype=torch.bool).tril() if is_causal else None
-    return (s.masked_fill(~mask, float("-inf")) if is_causal else s).softmax(-1) @ v
+    if is_causal:
+        s = s.masked_fill(torch.arange(k.shape[2])[None] > qpos[:, None], float("-inf"))
+    return s.softmax(-1) @ v
 
 
-def time_one(args: argparse.Namespace, seq_len: int, device: torch.device) -> list[float]:
-    """Per-iteration seconds of causal fwd+bwd, slowest rank, under one open context."""
+def check(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, atol: float) -> float:
+    """The timed output, gathered from every rank into sequence order, against one device's SDPA on the
+    whole sequence (outside the context, the same kernel): a run that attended only its own shard
+    fails here. Returns the largest absolute error."""
+    parts = [torch.empty_like(out) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, out.contiguous())
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    err = (head_tail(parts).float() - ref.float()).abs().max().item()
+    if not err <= atol:
+        raise AssertionError(f"torch_cp output differs from one device's SDPA on the whole sequence by {err:.3g} "
+                             f"(tolerance {atol:g})")
+    return err
+
+
+def time_one(args: argparse.Namespace, seq_len: int, device: torch.device) -> tuple[list[float], float]:
+    """Per-iteration seconds of causal fwd+bwd, slowest rank, under one open context; and the checked
+    output's largest error against the whole sequence on one device."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import set_rotate_method
@@ -97,23 +139,25 @@ def time_one(args: argparse.Namespace, seq_len: int, device: torch.device) -> li
     b, h, kv, d = args.batch, args.heads, args.kv_heads, args.head_dim
     q, k, v, dout = (torch.randn(s, generator=g, device=device, dtype=dtype)
                      for s in ((b, h, seq_len, d), (b, kv, seq_len, d), (b, kv, seq_len, d), (b, h, seq_len, d)))
+    expand = (lambda x: x) if kv == h else (lambda x: x.repeat_interleave(h // kv, dim=1))
+    whole = [q.clone(), expand(k).clone(), expand(v).clone()]  # the reference's inputs: the context shards q, k, v in place
     mesh = init_device_mesh(device.type, (world,))
     set_rotate_method(args.rotate_method)
     cuda = device.type == "cuda"
+    kernel = sdpa_kernel(getattr(SDPBackend, KERNELS[args.backend])) if cuda else contextlib.nullcontext()
 
-    attend = F.scaled_dot_product_attention if cuda else plumbing_attention
-
-    def step() -> None:
+    def step() -> torch.Tensor:
         for x in (q, k, v):
             x.grad = None
-        ke, ve = (x if kv == h else x.repeat_interleave(h // kv, dim=1) for x in (k, v))
-        out = attend(q, ke, ve, is_causal=True)
+        # F.scaled_dot_product_attention looked up here, at call time: the context swaps in torch's CP
+        # attention while it is open (a reference taken before it opens would attend the local shard only).
+        out = (F.scaled_dot_product_attention if cuda else plumbing_attention)(q, expand(k), expand(v), is_causal=True)
         out.backward(dout)
+        return out.detach()
 
     times = []
     buffers = [q, k, v, dout]
-    with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2] * 4, no_restore_buffers=set(buffers)), \
-            sdpa_kernel(getattr(SDPBackend, KERNELS[args.backend])):
+    with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2] * 4, no_restore_buffers=set(buffers)), kernel:
         q, k, v = (x.detach().requires_grad_() for x in (q, k, v))  # sharded in place on entry: this rank's tokens
         for _ in range(args.warmup):
             step()
@@ -124,29 +168,30 @@ def time_one(args: argparse.Namespace, seq_len: int, device: torch.device) -> li
             if cuda:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
-                step()
+                out = step()
                 end.record()
                 end.synchronize()
                 times.append(start.elapsed_time(end) / 1e3)
             else:
-                import time
-
                 tic = time.perf_counter()
-                step()
+                out = step()
                 times.append(time.perf_counter() - tic)
         assert q.shape[2] == seq_len // world and all(torch.isfinite(x.grad).all() for x in (q, k, v))
+    with kernel:
+        err = check(out, *whole, atol=args.atol if args.atol is not None else (2e-2 if dtype != torch.float32 else 1e-4))
+    del whole
     t = torch.tensor(times, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist()
+    return t.tolist(), err
 
 
-def row(args: argparse.Namespace, seq_len: int, times: list[float]) -> dict[str, object]:
+def row(args: argparse.Namespace, seq_len: int, times: list[float], err: float) -> dict[str, object]:
     ms = [t * 1e3 for t in times]
     p25, p75 = quantile(ms, 0.25), quantile(ms, 0.75)
     return {"seq_len": seq_len, "world_size": dist.get_world_size(), "heads": args.heads, "kv_heads": args.kv_heads,
             "head_dim": args.head_dim, "batch": args.batch, "dtype": args.dtype, "backend": args.backend,
             "rotate_method": args.rotate_method, "warmup": args.warmup, "iters": args.iters,
-            "median_ms": statistics.median(ms), "iqr_ms": p75 - p25, "p25_ms": p25, "p75_ms": p75,
+            "max_abs_err": err, "median_ms": statistics.median(ms), "iqr_ms": p75 - p25, "p25_ms": p25, "p75_ms": p75,
             "min_ms": min(ms), "max_ms": max(ms), "times_ms": " ".join(f"{x:.4f}" for x in ms)}
 
 
@@ -173,22 +218,25 @@ def run(rank: int, world: int, args: argparse.Namespace) -> None:
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world, timeout=timedelta(minutes=10),
                             device_id=device if cuda else None)
     rows = []
-    try:
-        for seq_len in args.seq_lens:
-            r = row(args, seq_len, time_one(args, seq_len, device))
-            rows.append(r)
-            if rank == 0:
-                print(f"torch_cp W={world} L={seq_len} {args.heads}x{args.head_dim} kv={args.kv_heads} "
-                      f"{args.dtype} {args.backend}: median {r['median_ms']:.3f} ms, IQR {r['iqr_ms']:.3f} ms "
-                      f"(min {r['min_ms']:.3f}, max {r['max_ms']:.3f}; {args.iters} iters after {args.warmup} "
-                      f"warm-up)", flush=True)
-            if cuda:
-                torch.cuda.empty_cache()
-        if rank == 0 and args.out:
-            write_csv(args.out, rows)
-            print(f"wrote {args.out}", flush=True)
-    finally:
-        dist.destroy_process_group()
+    # No try/finally around the group (as the harness's ranks): a rank that fails leaves its group to
+    # its own exit. On success every rank meets at a barrier before any destroys it: a rank that tore
+    # its gloo pairs down while its peer was still in the last collective (or rank 0, the store's
+    # host, exiting first) aborts the peer ("terminate called without an active exception").
+    for seq_len in args.seq_lens:
+        r = row(args, seq_len, *time_one(args, seq_len, device))
+        rows.append(r)
+        if rank == 0:
+            print(f"torch_cp W={world} L={seq_len} {args.heads}x{args.head_dim} kv={args.kv_heads} "
+                  f"{args.dtype} {args.backend}: median {r['median_ms']:.3f} ms, IQR {r['iqr_ms']:.3f} ms "
+                  f"(min {r['min_ms']:.3f}, max {r['max_ms']:.3f}; {args.iters} iters after {args.warmup} "
+                  f"warm-up; checked: max abs err {r['max_abs_err']:.2g})", flush=True)
+        if cuda:
+            torch.cuda.empty_cache()
+    if rank == 0 and args.out:
+        write_csv(args.out, rows)
+        print(f"wrote {args.out}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def main(argv: list[str]) -> None:

@@ -26,7 +26,7 @@ import torch
 
 from sweepbench.attention.accum import Merged, RowSum
 from sweepbench.attention.comm import Comm, Pending
-from sweepbench.attention.ops import Block, SdpaBackend, block_grads, expand_kv, stash, unstash
+from sweepbench.attention.ops import Block, SdpaBackend, block_grads, kv_in, stash, unstash
 
 Schedule = Callable[[int, int, int, bool], list[Block]]  # (rank, src, local_len, causal)
 ALL = slice(None)
@@ -98,8 +98,8 @@ class RingAttention(torch.autograd.Function):
             blocks = schedule(r, (r - s) % w, n, opt.causal)
             for i, b in enumerate(blocks):
                 o, lse, step_aux = opt.backend.forward(
-                    q[:, :, b.q].contiguous(), expand_kv(cur[0][:, :, b.k], q.shape[1]).contiguous(),
-                    expand_kv(cur[1][:, :, b.k], q.shape[1]).contiguous(), b.causal, opt.scale)
+                    q[:, :, b.q].contiguous(), kv_in(opt.backend, cur[0][:, :, b.k], q.shape[1]),
+                    kv_in(opt.backend, cur[1][:, :, b.k], q.shape[1]), b.causal, opt.scale)
                 merged.add(b.q, o, lse, last=s == w - 1 and i == len(blocks) - 1)
                 aux = step_aux if aux is None else aux
             if pending is not None:

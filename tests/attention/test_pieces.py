@@ -149,3 +149,36 @@ def test_usp_needs_heads_divisible_by_its_ulysses_degree() -> None:
     assert msg is not None and msg.startswith("impl=usp needs model.num_heads=6 divisible by its Ulysses degree "
                                               "at W=8, 4 (use another cp, or impl=ring, ring_naive, allgather")
     assert why_not("usp", world_size=2, num_heads=3, **kw) is None  # W=2: a plain ring
+
+
+def test_a_gqa_backend_gets_kv_heads_as_they_are() -> None:
+    """A backend that does GQA itself (the registry's ``gqa``) is handed the kv heads; one that
+    does not gets them expanded; both give the same output and gradients (dK/dV per kv head)."""
+    import dataclasses
+
+    from sweepbench.attention.ops import LocalAttention, full_blocks
+
+    real = get_backend("cpu_flash")
+    assert real.gqa and not get_backend("efficient").gqa
+    q, k, v, dout = inputs(32, 4, 2)
+    results = {}
+    for gqa in (True, False):
+        seen: list[int] = []
+
+        def fwd(q_, k_, v_, *a, _seen=seen):
+            _seen.append(k_.shape[1])
+            return real.forward(q_, k_, v_, *a)
+
+        def bwd(dout_, q_, k_, *a, _seen=seen):
+            _seen.append(k_.shape[1])
+            return real.backward(dout_, q_, k_, *a)
+
+        spy = dataclasses.replace(real, forward=fwd, backward=bwd, gqa=gqa)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = LocalAttention.apply(*leaves, spy, full_blocks(32, True), 0.25)
+        out.backward(dout)
+        assert seen == ([2, 2] if gqa else [4, 4])
+        assert leaves[1].grad.shape == k.shape
+        results[gqa] = (out, *(t.grad for t in leaves))
+    for a, b in zip(results[True], results[False]):
+        torch.testing.assert_close(a, b)
