@@ -13,6 +13,12 @@ if TYPE_CHECKING:  # torch is imported only where a job runs (ranks), never on t
     import torch
 
 
+class NotOnThisMachine(ValueError):
+    """A job that is valid in itself but cannot run where its device type resolved on this machine
+    (``backend=auto``: e.g. a CUDA-only impl planned from a login node without GPUs). A dry run lists
+    the job with this as its fit note; a real run refuses with it."""
+
+
 class VerificationError(AssertionError):
     """A benchmark's output differs from its reference: the job fails, its times are not reported."""
 

@@ -4,6 +4,7 @@ valid, checked before any rank starts (torch-free)."""
 from __future__ import annotations
 
 from sweepbench.attention.registry import IMPLS, PATTERNS, PLACEMENT_CHUNKS, SDPA_DEVICE, get_impl, why_not
+from sweepbench.core import NotOnThisMachine
 
 
 def _check_dilated(seq_len: int, chunk: int, segment_lengths: list[int], dilation_rates: list[int]) -> None:
@@ -40,10 +41,18 @@ def check_case(*, impl: str, pattern: str, seq_len: int, world_size: int, num_he
     if pattern == "dilated":
         _check_dilated(seq_len, seq_len // n, segment_lengths, dilation_rates)
     reason = why_not(impl, device_type=device_type, world_size=world_size, num_heads=num_heads,
-                     pattern=pattern, causal=causal)
+                     pattern=pattern, causal=causal, ignore_device=True)
     if reason:
         raise ValueError(reason)
+    if sdpa_backend != "auto" and sdpa_backend not in SDPA_DEVICE:
+        raise ValueError(f"benchmark.sdpa_backend={sdpa_backend!r} is not valid; choose auto or one of "
+                         f"{', '.join(SDPA_DEVICE)}")
+    # last, the checks that depend on where the ranks compute (a dry run from a CPU login node notes them)
+    reason = why_not(impl, device_type=device_type, world_size=world_size, num_heads=num_heads,
+                     pattern=pattern, causal=causal)
+    if reason:
+        raise NotOnThisMachine(reason)
     if sdpa_backend != "auto" and SDPA_DEVICE.get(sdpa_backend) != device_type:
         valid = [name for name, dev in SDPA_DEVICE.items() if dev == device_type]
-        raise ValueError(f"benchmark.sdpa_backend={sdpa_backend!r} does not run on {device_type}; "
+        raise NotOnThisMachine(f"benchmark.sdpa_backend={sdpa_backend!r} does not run on {device_type}; "
                          f"valid: auto, {', '.join(valid)}")

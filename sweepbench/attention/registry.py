@@ -90,9 +90,12 @@ def placement_of(impl: str) -> str:
 
 
 def why_not(impl: str, *, device_type: str, world_size: int, num_heads: int, pattern: str,
-            causal: bool) -> str | None:
-    """None if ``impl`` can run this case, else why not and which impls would (one line)."""
+            causal: bool, ignore_device: bool = False) -> str | None:
+    """None if ``impl`` can run this case, else why not and which impls would (one line);
+    ``ignore_device``: the checks that hold wherever the ranks compute."""
     spec = get_impl(impl)
+    if ignore_device and device_type not in spec.device_types:
+        device_type = spec.device_types[0]
 
     def others(ok: Callable[[ImplSpec], bool]) -> str:
         return ", ".join(s.name for s in IMPLS.values() if ok(s)) or "none"

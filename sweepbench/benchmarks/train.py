@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, Plot
 from sweepbench.benchmarks.registry import register
 from sweepbench.config.schema import BenchmarkConfig
+from sweepbench.core import NotOnThisMachine
 
 GIB = float(1 << 30)
 
@@ -74,7 +75,7 @@ class TrainBenchmark(Benchmark):
         if cfg.benchmark.compile and plan.tp > 1 and device == "cpu":
             # torch 2.13 on CPU: a DTensor redistribute's backward gets a plain tensor from a
             # compiled block ('Tensor' object has no attribute '_local_tensor')
-            raise ValueError(f"benchmark.compile=true with parallelism.tp={plan.tp} fails on a CPU (torch "
+            raise NotOnThisMachine(f"benchmark.compile=true with parallelism.tp={plan.tp} fails on a CPU (torch "
                              f"{_torch_version()}: DTensor backward through a compiled block); use compile=false "
                              f"with tp on a CPU, or compile with dp/pp/cp layouts")
 

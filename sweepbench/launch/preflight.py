@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from sweepbench.config.validate import CHECKS as KNOB_CHECKS
 from sweepbench.config.validate import GPU_BACKENDS, check_backend, resolve_backend, visible_gpu_memory, visible_gpus
+from sweepbench.core import NotOnThisMachine
 from sweepbench.launch.faults import FAULTS, check_fault_factor
 from sweepbench.record.wandb_run import check_wandb_names
 
@@ -44,14 +45,20 @@ def _check_gpus(cfg: DictConfig, world_size: int) -> None:
                          f"(world_size={world_size}); use a layout of at most {gpus} ranks per node")
 
 
-def validate_config(cfg: DictConfig) -> int:
-    """The checks that hold on any machine; returns the job's world size."""
+def validate_config(cfg: DictConfig, *, plan: bool = False) -> int:
+    """The checks that hold on any machine; returns the job's world size. ``plan``: a sweep being
+    planned lets a ``NotOnThisMachine`` of a ``backend=auto`` job through (its device type is this
+    machine's guess: ``fit_note`` reports it, and a real run refuses with it)."""
     from sweepbench.benchmarks.registry import get_benchmark
 
     bench = get_benchmark(cfg.benchmark.name)
     for check in CHECKS:
         check(cfg)
-    bench.validate(cfg)
+    try:
+        bench.validate(cfg)
+    except NotOnThisMachine:
+        if not plan or cfg.backend.name != "auto":
+            raise
     world_size = bench.world_size(cfg)
     _check_ranks(cfg, world_size)
     return world_size
@@ -72,9 +79,13 @@ def validate(cfg: DictConfig) -> int:
 
 def fit_note(cfg: DictConfig, world_size: int, *, local: bool) -> str:
     """Why the job (already through ``validate_config``) would not run from this machine ("" when
-    it would): GPUs missing for its backend, and for a local job (ranks on this machine) too many
+    it would): the benchmark's device checks (``NotOnThisMachine``), GPUs missing for its backend,
+    and for a local job (ranks on this machine) too many
     ranks or too little memory. A dry run records it per job; a real run refuses with it."""
+    from sweepbench.benchmarks.registry import get_benchmark
+
     try:
+        get_benchmark(cfg.benchmark.name).validate(cfg)  # its checks of the device this machine gives
         check_machine(cfg, world_size)
         if local:
             check_local_fit(cfg, world_size)

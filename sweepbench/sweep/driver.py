@@ -68,7 +68,7 @@ def plan_jobs(sweeper: Any, arguments: list[str]) -> list[PlannedJob]:
     for overrides in grid:
         try:
             cfg = composer.compose(list(overrides))
-            world_size = validate_config(cfg)
+            world_size = validate_config(cfg, plan=True)
             fit = fit_note(cfg, world_size, local=local)
             if fit and not dry_run:
                 raise ValueError(fit)

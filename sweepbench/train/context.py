@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
+from sweepbench.core import NotOnThisMachine
 from sweepbench.train.plan import TrainPlan
 
 
@@ -57,7 +58,8 @@ def check_cp(cfg: Any, plan: TrainPlan, device_type: str) -> None:
         needs = ", ".join(name for name, spec in IMPLS.items() if spec.context)
         raise ValueError(f"benchmark.cp_impl={impl!r} cannot train here; valid: {usable} "
                          f"({needs} needs a context around forward and backward the train engine does not open)")
-    reason = why_not(impl, device_type=device_type, world_size=plan.cp,
-                     num_heads=int(cfg.model.num_heads) // plan.tp, pattern="dense", causal=True)
-    if reason:
-        raise ValueError(f"benchmark.cp_impl={impl} with parallelism.cp={plan.cp}: {reason}")
+    case = dict(world_size=plan.cp, num_heads=int(cfg.model.num_heads) // plan.tp, pattern="dense", causal=True)
+    for ignore_device, error in ((True, ValueError), (False, NotOnThisMachine)):
+        reason = why_not(impl, device_type=device_type, ignore_device=ignore_device, **case)
+        if reason:
+            raise error(f"benchmark.cp_impl={impl} with parallelism.cp={plan.cp}: {reason}")

@@ -87,15 +87,36 @@ def test_dry_run_of_a_gpu_grid_lists_every_job_with_its_fit_note(tmp_path: Path,
     assert not (tmp_path / "sweep").exists()
 
 
-def test_dry_run_notes_a_job_a_real_run_refuses(tmp_path: Path) -> None:
-    job = ["experiment=finetune_fms", "model=llama3_70b", "parallelism=tp1", "benchmark.lora_rank=0",
-           "benchmark.ac=none", "benchmark.compile=false", "benchmark.dp_shard=fsdp"]  # ~1 TiB of RAM
+REFUSED_HERE = {  # a job valid in itself, refused by what this machine is (the note's start)
+    "memory": (["experiment=finetune_fms", "model=llama3_70b", "parallelism=tp1", "benchmark.lora_rank=0",
+                "benchmark.ac=none", "benchmark.compile=false", "benchmark.dp_shard=fsdp"],  # ~1 TiB of RAM
+               "train needs about"),
+    # backend=auto resolves to gloo on a host without GPUs: a CUDA-only peer is planned, not refused
+    "device": (["experiment=attention_llama3", "parallelism=cp2", "benchmark.impl=torch_cp", "model.num_kv_heads=8",
+                "benchmark.seq_len=16384"], "impl=torch_cp runs on cuda only, not cpu"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_HERE))
+def test_dry_run_notes_a_job_a_real_run_refuses(tmp_path: Path, case: str) -> None:
+    job, start = REFUSED_HERE[case]
     dry = run_sweepbench([*job, "sweep.dry_run=true"], sweep_dir=tmp_path / "dry", cwd=tmp_path / "cwd")
     assert dry.rc == 0, dry.describe()
     (note,) = _dry_run_listing(dry.stdout).values()
-    assert note.startswith("no: train needs about") and "launch.skip_memory_check=true" in note
+    assert note.startswith(f"no: {start}"), note
+    assert case != "memory" or "launch.skip_memory_check=true" in note
     real = run_sweepbench(job, sweep_dir=tmp_path / "real", cwd=tmp_path / "cwd")
     assert real.rc == 2, real.describe()
     lines = real.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("sweepbench: error: train needs about") and note[4:] in lines[0]
-    assert not (tmp_path / "real").exists()
+    assert len(lines) == 1 and lines[0].startswith(f"sweepbench: error: {start}") and note[4:] in lines[0]
+    assert not (tmp_path / "real").exists() and not (tmp_path / "dry").exists()
+
+
+def test_a_device_the_config_names_is_not_this_machines_guess(tmp_path: Path) -> None:
+    """backend=gloo is the user's word, not this machine's: a CUDA-only impl on it is bad input even
+    in a dry run (one line, exit 2)."""
+    job = [*REFUSED_HERE["device"][0], "backend=gloo", "sweep.dry_run=true"]
+    run = run_sweepbench(job, sweep_dir=tmp_path / "dry", cwd=tmp_path / "cwd")
+    assert run.rc == 2, run.describe()
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "impl=torch_cp runs on cuda only, not cpu" in lines[0]
