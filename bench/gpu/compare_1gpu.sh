@@ -7,7 +7,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
 R=$OUT/compare_1gpu; mkdir -p $R
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee $R/gpu.txt
-[ -f .diag/gqa_probe.py ] && timeout 120 python3 .diag/gqa_probe.py 2>&1 | grep -v Warning | tee $R/gqa_probe.txt
+timeout 120 python3 bench/gpu/gqa_probe.py 2>&1 | grep -v Warning | tee $R/gqa_probe.txt
 time timeout ${CASES_S:-400} python3 bench/gpu/run_cases.py bench/gpu/compare_1gpu.yaml --out $R 2>&1 | tee $R/run_cases.txt
 for b in coll attn; do for c in twin slow; do
   python3 -m sweepbench compare $R/${b}_base $R/${b}_$c -o $R/cmp_${b}_$c 2>&1 | tee $R/cmp_${b}_$c.txt | tail -3; done; done
