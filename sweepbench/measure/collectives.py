@@ -119,37 +119,101 @@ def verify_once(op: str, bufs: Buffers, size: int, rank: int) -> None:
     check_output(op, bufs, size, rank)
 
 
-def time_case(op: str, size: int, *, rank: int, world_size: int, device: torch.device, cfg: Any) -> dict[str, Any]:
+class _Sample:
+    """The reset before a sample and the check after it, counting the calls in between: the output
+    of the sample itself is checked where it is known exactly (a repeatable op; the in-place
+    all_reduce, whose output after c calls is n^(c-1) times one call's, where the dtype holds that
+    exactly), else one more call after a reset is."""
+
+    def __init__(self, op: str, bufs: Buffers, size: int, rank: int, n: int) -> None:
+        self.op, self.bufs, self.size, self.rank, self.n, self.calls = op, bufs, size, rank, n, 0
+
+    def counted(self, step: Callable[[], None], calls: int) -> Callable[[], None]:
+        def run() -> None:
+            step()
+            self.calls += calls
+
+        return run
+
+    def reset(self) -> None:
+        self.bufs.reset()
+        self.calls = 0
+
+    def check(self) -> None:
+        b = self.bufs
+        if b.repeatable:
+            check_output(self.op, b, self.size, self.rank)
+            return
+        want = b.expected.double() * float(self.n) ** (self.calls - 1)
+        exact = want.to(b.expected.dtype)
+        if self.calls >= 1 and bool(torch.isfinite(exact).all()) and torch.equal(exact.double(), want):
+            check_output(self.op, Buffers(b.run, b.reset, b.output, exact), self.size, self.rank)
+        else:
+            verify_once(self.op, b, self.size, self.rank)
+
+
+def _captured(run: Callable[[], None], k: int, device: torch.device) -> Callable[[], None]:
+    """k back-to-back calls of ``run`` captured once as a CUDA graph; returns its replay. The calls
+    run once first on a side stream (outside the capture), as torch's CUDA-graph recipe asks."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(k):
+            run()
+    torch.cuda.synchronize(device)
+    return graph.replay
+
+
+def time_case(op: str, size: int, *, rank: int, world_size: int, device: torch.device, cfg: Any,
+              graph: bool = False) -> dict[str, Any]:
     """One (op, size) case, timed with torch.distributed: checked once, then ``cfg.iters`` samples
-    of ops_per_sample back-to-back ops, each sample's output checked before its time counts (the
-    batch's last op where the op is repeatable, else one more op after a reset)."""
+    of ops_per_sample back-to-back ops, each sample's output checked before its time counts
+    (``_Sample``). ``graph``: the k calls of a sample are captured once as a CUDA graph and a
+    sample is one replay (the host's cost to issue each call is gone: nccl-tests' ``-G``)."""
     n, itemsize = world_size, getattr(torch, cfg.dtype).itemsize
     numel = max(n, size // itemsize // n * n)  # a multiple of n elements, as nccl-tests does
     bufs = OPS[op].build(numel, rank, n, getattr(torch, cfg.dtype), device)
     verify_once(op, bufs, size, rank)
     k = ops_per_sample(cfg.ops_per_sample, short_ops=True)
-
-    def after() -> None:
-        if bufs.repeatable:
-            check_output(op, bufs, size, rank)
-        else:
-            verify_once(op, bufs, size, rank)
-
-    times = time_iterations(bufs.run, warmup=cfg.warmup, iters=cfg.iters, device=device,
-                            before=bufs.reset, after=after, ops_per_sample=k)
+    sample = _Sample(op, bufs, size, rank, n)
+    if graph:
+        replay = sample.counted(_captured(bufs.run, k, device), k)
+        # cfg.warmup calls: whole replays of k, at least one
+        times = time_iterations(replay, warmup=max(1, -(-cfg.warmup // k)), iters=cfg.iters, device=device,
+                                before=sample.reset, after=sample.check)
+        times = [t / k for t in times]
+    else:
+        times = time_iterations(sample.counted(bufs.run, 1), warmup=cfg.warmup, iters=cfg.iters, device=device,
+                                before=sample.reset, after=sample.check, ops_per_sample=k)
     stats = summarize(times)
     s_bytes = numel * itemsize
     algbw = s_bytes / stats["median_s"] / 1e9
-    return {"op": op, "size_bytes": s_bytes, "dtype": cfg.dtype, "impl": "torch", "times_s": times, **stats,
-            "warmup": cfg.warmup, "iters": cfg.iters, "ops_per_sample": k,
+    return {"op": op, "size_bytes": s_bytes, "dtype": cfg.dtype, "impl": "torch_graph" if graph else "torch",
+            "times_s": times, **stats, "warmup": cfg.warmup, "iters": cfg.iters, "ops_per_sample": k,
             "algbw_gbps": algbw, "busbw_gbps": algbw * OPS[op].busbw_factor(n)}
 
 
-def run_torch(ctx: Any, cfg: Any, grid: list[tuple[str, int]], on_case: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+def run_torch(ctx: Any, cfg: Any, grid: list[tuple[str, int]], on_case: Callable[[dict[str, Any]], None], *,
+              graph: bool = False) -> dict[str, Any]:
     """The ``torch`` implementation: every rank runs every case; returns the cases and how a sample is made."""
     cases = []
     for op, size in grid:
-        cases.append(time_case(op, size, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, cfg=cfg))
+        cases.append(time_case(op, size, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, cfg=cfg,
+                               graph=graph))
         on_case(cases[-1])
     k = ops_per_sample(cfg.ops_per_sample, short_ops=True)
-    return {"cases": cases, "sampling": sampling(warmup=cfg.warmup, iters=cfg.iters, ops_per_sample=k, device=ctx.device)}
+    how = sampling(warmup=cfg.warmup, iters=cfg.iters, ops_per_sample=k, device=ctx.device)
+    if graph:
+        how["sample"] = f"one replay of a CUDA graph of {k} back-to-back calls / {k}, slowest rank"
+    return {"cases": cases, "sampling": how}
+
+
+def run_torch_graph(ctx: Any, cfg: Any, grid: list[tuple[str, int]],
+                    on_case: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """The ``torch_graph`` implementation: ``run_torch`` with each sample's calls captured as a CUDA graph."""
+    return run_torch(ctx, cfg, grid, on_case, graph=True)

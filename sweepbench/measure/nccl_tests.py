@@ -29,6 +29,7 @@ def check_build(cfg: Any, world_size: int) -> None:
     """ValueError (one line) unless ``benchmark.nccl_tests_dir`` holds an executable nccl-tests
     binary for each of the job's ops and the job can run as one process on one GPU node."""
     from sweepbench.config.validate import GPU_BACKENDS, resolve_backend
+    from sweepbench.core import NotOnThisMachine
 
     b = cfg.benchmark
     wanted = ", ".join(BINARIES[op] for op in b.ops)
@@ -43,9 +44,10 @@ def check_build(cfg: Any, world_size: int) -> None:
     if missing:
         raise ValueError(f"benchmark.nccl_tests_dir={b.nccl_tests_dir} lacks {', '.join(missing)}; expected an "
                          f"nccl-tests build directory holding {wanted}; {BUILD_HINT}")
-    if resolve_backend(cfg.backend.name) not in GPU_BACKENDS:
-        raise ValueError(f"benchmark.impl=nccl_tests runs on GPUs, not backend={cfg.backend.name}; "
-                         "use backend=nccl (or auto on a GPU machine)")
+    if resolve_backend(cfg.backend.name) not in GPU_BACKENDS:  # on auto: this machine has no GPU
+        raise (NotOnThisMachine if cfg.backend.name == "auto" else ValueError)(
+            f"benchmark.impl=nccl_tests runs on GPUs, not backend={cfg.backend.name}; "
+            "use backend=nccl (or auto on a GPU machine)")
     if cfg.launch.ranks_per_node not in (0, world_size):
         raise ValueError(f"benchmark.impl=nccl_tests runs on one node (one process, -g {world_size}); "
                          f"launch.ranks_per_node={cfg.launch.ranks_per_node} splits the job: use 0 or {world_size}")

@@ -247,6 +247,22 @@ def test_the_plot_has_a_line_per_impl() -> None:
 def test_an_unknown_impl_is_refused_with_the_valid_ones(compose: Any) -> None:
     from sweepbench.launch.preflight import validate
 
-    with pytest.raises(ValueError, match=r"^benchmark.impl='nccl'; valid: nccl_tests, torch$"):
+    with pytest.raises(ValueError, match=r"^benchmark.impl='nccl'; valid: nccl_tests, torch, torch_graph$"):
         validate(compose("parallelism=tp2", "benchmark.impl=nccl"))
     assert validate(compose("parallelism=tp2", "benchmark.impl=torch")) == 2
+
+
+def test_torch_graph_is_planned_from_a_host_without_gpus_and_refused_on_gloo(compose: Any) -> None:
+    """impl=torch_graph captures CUDA graphs. With backend=auto on this CPU machine it is this machine's
+    limit: a dry run's fit note, a real run's refusal. With backend=gloo named it is bad input."""
+    from sweepbench.core import NotOnThisMachine
+    from sweepbench.launch.preflight import fit_note, validate, validate_config
+
+    cfg = compose("parallelism=tp2", "benchmark.impl=torch_graph")
+    why = "benchmark.impl=torch_graph captures CUDA graphs: it runs on GPUs, not backend=auto"
+    with pytest.raises(NotOnThisMachine, match=f"^{why}"):
+        validate(cfg)
+    assert fit_note(cfg, validate_config(cfg, plan=True), local=True).startswith(why)
+    with pytest.raises(ValueError, match="not backend=gloo") as err:
+        validate_config(compose("parallelism=tp2", "benchmark.impl=torch_graph", "backend=gloo"), plan=True)
+    assert not isinstance(err.value, NotOnThisMachine)

@@ -130,6 +130,50 @@ def test_verification_catches_a_collective_that_did_nothing() -> None:
         verify_once("all_reduce", broken, 32, 0)
 
 
+def _doubling(numel: int) -> Buffers:
+    """An in-place op whose output doubles at each call, like all_reduce over 2 ranks of equal inputs."""
+    buf = torch.empty(numel)
+    pattern = torch.arange(numel, dtype=torch.float32) % 3 + 1
+    return Buffers(run=lambda: buf.mul_(2), reset=lambda: buf.copy_(pattern), output=buf, expected=pattern * 2,
+                   repeatable=False)
+
+
+def test_a_batch_of_in_place_calls_is_checked_by_its_own_output() -> None:
+    """After c calls the in-place all_reduce holds n^(c-1) times one call's output: the sample's own
+    output is checked (not one more call after it) wherever the dtype holds that exactly."""
+    from sweepbench.measure.collectives import _Sample
+
+    bufs = _doubling(16)
+    sample = _Sample("all_reduce", bufs, 64, 0, n=2)
+    run = sample.counted(bufs.run, 1)
+    sample.reset()
+    for _ in range(20):
+        run()
+    sample.check()  # 2^19 times the one-call output: exact in float32
+    sample.reset()
+    for _ in range(3):
+        bufs.run()  # three calls the sample did not count: the output is not what 1 counted call gives
+    run()
+    with pytest.raises(Mismatch, match="element 0 is 16.0, expected 2.0"):
+        sample.check()
+
+
+def test_a_batch_the_dtype_cannot_hold_exactly_is_checked_by_one_more_call() -> None:
+    from sweepbench.measure.collectives import _Sample
+
+    bufs = _doubling(16)
+    calls = []
+    checked = Buffers(run=lambda: (calls.append(1), bufs.run()), reset=bufs.reset, output=bufs.output,
+                      expected=bufs.expected, repeatable=False)
+    sample = _Sample("all_reduce", checked, 64, 0, n=3)  # 3^(c-1): not exact in float32 after enough calls
+    run = sample.counted(lambda: None, 1)
+    sample.reset()
+    for _ in range(20):
+        run()
+    sample.check()  # fell back: reset, one real call, its output checked
+    assert calls == [1]
+
+
 def test_verification_error_fails_the_job_check() -> None:
     # a VerificationError is an AssertionError: never swallowed as an ordinary result
     assert issubclass(VerificationError, AssertionError) and issubclass(Mismatch, AssertionError)
