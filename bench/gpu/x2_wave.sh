@@ -27,7 +27,7 @@ PYTHON=python3 JOBS=32 timeout 150 bash bench/peers/build_nccl_tests.sh .peers/n
 echo "build $((SECONDS-S)) s"
 sb coll_vs_nccl_tests 120 benchmark=collective parallelism=tp2 "benchmark.ops=[all_reduce,all_gather,reduce_scatter,send_recv]" \
    benchmark.min_bytes=1048576 benchmark.max_bytes=1073741824 benchmark.step_factor=4 benchmark.dtype=float32 \
-   benchmark.warmup=5 benchmark.iters=20 benchmark.ops_per_sample=20 "benchmark.impl=torch,nccl_tests" benchmark.nccl_tests_dir=/tmp/nt
+   benchmark.warmup=5 benchmark.iters=20 benchmark.ops_per_sample=20 "benchmark.impl=torch,torch_graph,nccl_tests" benchmark.nccl_tests_dir=/tmp/nt
 echo "coll $((SECONDS-S)) s"; (cd $OUT && keep)
 sb dilated_cp2 90 experiment=ring_dilated_seed parallelism=cp2 benchmark.seq_len=16384
 echo "dilated $((SECONDS-S)) s"; (cd $OUT && keep)
