@@ -210,6 +210,7 @@ def run_torch(ctx: Any, cfg: Any, grid: list[tuple[str, int]], on_case: Callable
     how = sampling(warmup=cfg.warmup, iters=cfg.iters, ops_per_sample=k, device=ctx.device)
     if graph:
         how["sample"] = f"one replay of a CUDA graph of {k} back-to-back calls / {k}, slowest rank"
+        how["warmup_calls"] = max(1, -(-cfg.warmup // k)) * k  # whole replays
     return {"cases": cases, "sampling": how}
 
 
