@@ -73,8 +73,11 @@ def compare(base: Path, cand: Path, out: Path) -> dict:
     flagged = table[table["verdict"].isin(["slower", "faster"])]
     return {"cases": len(table), "counts": dict(counts), "basis": sorted(set(table.get("basis", pd.Series(dtype=str)).dropna())),
             "ratio_min": float(table["ratio"].min()), "ratio_max": float(table["ratio"].max()),
-            "flagged": [f"{r.verdict} {r.candidate_tag} {r.case} ratio {r.ratio:.3f} p {r.p_value:.2g}"
-                        for r in flagged.itertuples()]}
+            "flagged": [f"{r.verdict} {r.candidate_tag} {r.case} ratio {r.ratio:.3f} p {r.p_value:.2g} q {q:.2g}"
+                        for r, q in zip(flagged.itertuples(), flagged.get("q_value", pd.Series(float("nan"), flagged.index)))],
+            # the twin cases nearest to a verdict: the smallest q (or p) of the comparison
+            "nearest": [f"{r.verdict} {r.case} ratio {r.ratio:.3f} p {r.p_value:.2g} q {r.q_value:.2g}"
+                        for r in table.nsmallest(3, "q_value").itertuples()] if "q_value" in table else []}
 
 
 def markdown(summary: dict) -> str:
@@ -82,7 +85,9 @@ def markdown(summary: dict) -> str:
              f"Command: `{summary['command']}`", "",
              f"Each pair: base, twin (same config) and slow (`{' '.join(SLOW)}`) sweeps of "
              f"`{' '.join(summary['sweep'])}`, run one after the other; `sweepbench compare base twin` "
-             f"and `sweepbench compare base slow`.", "",
+             f"and `sweepbench compare base slow`. compare's rule (docs/reports.md): the ratio beyond the noise "
+             f"threshold and a t-test on the rounds whose p, adjusted over the comparison's cases "
+             f"(Benjamini-Hochberg q), is < 0.01.", "",
              f"- pairs: {summary['pairs']} of {summary['pairs_asked']} asked, cases per comparison: "
              f"{summary['cases_per_pair']}",
              f"- **false alarms** (slower/faster in base vs twin): {summary['false_alarms']} of "
@@ -104,6 +109,9 @@ def markdown(summary: dict) -> str:
     flagged = [f"- pair {p['pair']}: {f}" for p in summary["per_pair"] for f in p["twin"].get("flagged", [])]
     if flagged:
         lines += ["", "False alarms:", *flagged]
+    nearest = [f"- pair {p['pair']}: {n}" for p in summary["per_pair"] for n in p["twin"].get("nearest", [])[:1]]
+    if nearest:
+        lines += ["", "Each twin comparison's case nearest to a verdict (smallest q):", *nearest]
     return "\n".join(lines) + "\n"
 
 

@@ -114,6 +114,7 @@ def _compare(args: argparse.Namespace) -> int:
     for row in comparison.rows:
         if row["verdict"] not in ("unchanged",):
             ratio = f"{row['ratio']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}] p={row['p_value']:.2g}" \
+                + (f" q={row['q_value']:.2g}" if row.get("q_value") is not None else "") \
                 if row.get("ratio") is not None else row.get("note", "")
             print(f"{row['verdict']:>12}  {row['candidate_tag']}  {row['case']}  {ratio}")
     counts = ", ".join(f"{v}: {n}" for v, n in comparison.counts())

@@ -9,13 +9,21 @@ inside a joined pair are matched by their identity (``cases.case_identity``).
 A case both sides ran in rounds (``sweep.repeats``: its ``round_medians_s``) is judged on the
 rounds (``stats.compare_rounds``, basis ``rounds``); any other on the samples of one process
 (``stats.compare_samples``, basis ``samples``), and the output says that such a verdict does not
-cover the noise between processes."""
+cover the noise between processes.
+
+A comparison asks one question per case, often hundreds: at p < 0.01 each, an identical rerun of a
+66-case sweep would still show a `slower` or `faster` in about every second comparison. So the
+rounds' p-values of one comparison are adjusted together (Benjamini-Hochberg: ``q_value``, the false
+discovery rate at which the case would be called) and a rounds verdict needs q < ``rounds_p_value``.
+Measured on ten pairs of identical CPU sweeps (docs/results/compare_noise_cpu_quiet.md): 8 false
+verdicts of 660 on raw p, none on q, while a 1.5x slowdown was still found in every pair."""
 
 from __future__ import annotations
 
 import datetime as dt
 import io
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,14 +33,15 @@ from sweepbench.record.atomic import write_atomic
 from sweepbench.report.cases import case_identity, case_labels
 from sweepbench.report.load import Sweep
 from sweepbench.report.plotting import config_value, figure_svg, heatmap
-from sweepbench.report.stats import Thresholds, case_rounds, compare_rounds, compare_samples, log_variance
+from sweepbench.report.stats import (Thresholds, case_rounds, compare_rounds, compare_samples, log_variance,
+                                     verdict_for)
 
 # what a job's config holds that does not change what is measured
 # every verdict a row can have, in the order counts are shown: stats' five, then the job-level two
 VERDICTS = ("slower", "faster", "~", "unstable", "undecided", "unchanged", "failed", "not compared")
 NOT_MEASUREMENT = frozenset({"hydra", "wandb", "launch", "sweep", "fault"})
 CSV_COLUMNS = ("benchmark", "baseline_tag", "candidate_tag", "case", "verdict", "ratio", "ci_low", "ci_high",
-               "p_value", "threshold", "baseline_noise", "baseline_median_s", "candidate_median_s", "baseline_cv", "candidate_cv",
+               "p_value", "q_value", "threshold", "baseline_noise", "baseline_median_s", "candidate_median_s", "baseline_cv", "candidate_cv",
                "baseline_spread", "candidate_spread", "unstable", "n_baseline", "n_candidate", "basis", "note")
 MIN_PRIOR_CASES = 5  # cases with rounds a job needs for its typical between-round variance
 PROCESS_NOISE = ("process-to-process noise is not covered: {n} case(s) were judged on the samples of one "
@@ -155,7 +164,23 @@ def compare_sweeps(baseline: Sweep, candidate: Sweep, *, on: Sequence[str] | Non
             unmatched.append(f"candidate only: {cand.get('tag')}")
             continue
         rows.extend(_job_rows(base_index[key], cand, thresholds))
+    _control_false_discoveries(rows, thresholds)
     return Comparison(rows, unmatched)
+
+
+def _control_false_discoveries(rows: list[dict[str, Any]], th: Thresholds) -> None:
+    """Re-judge the rounds verdicts of one comparison on Benjamini-Hochberg q-values (in place):
+    the family is every case judged on rounds, so the share of false `slower`/`faster` among them
+    stays below ``rounds_p_value``."""
+    from scipy.stats import false_discovery_control
+
+    family = [r for r in rows if r.get("basis") == "rounds" and r["verdict"] != "undecided"
+              and math.isfinite(r.get("p_value", math.nan))]
+    if not family:
+        return
+    for row, q in zip(family, false_discovery_control([r["p_value"] for r in family], method="bh")):
+        row["q_value"] = float(q)
+        row["verdict"] = verdict_for(row["ratio"], row["threshold"], significant=q < th.rounds_p_value)
 
 
 def to_csv(comparison: Comparison) -> str:
@@ -197,7 +222,7 @@ def _fmt_cell(key: str, value: Any) -> Any:
         return Cell(str(value), verdict_class(str(value)))
     if key in ("ci_low", "ci_high", "ratio", "threshold") and isinstance(value, float):
         return Cell(f"{value:.3f}", "num")
-    if key == "p_value" and isinstance(value, float):
+    if key in ("p_value", "q_value") and isinstance(value, float):
         return Cell(f"{value:.2g}", "num")
     return Cell(fmt(value), "num" if isinstance(value, (int, float)) and not isinstance(value, bool) else "")
 
@@ -206,7 +231,7 @@ def render_comparison(comparison: Comparison, baseline: Sweep, candidate: Sweep,
     from sweepbench.report.template import render
 
     shown = ("benchmark", "candidate_tag", "case", "verdict", "basis", "ratio", "ci_low", "ci_high", "p_value",
-             "threshold", "baseline_median_s", "candidate_median_s", "baseline_cv", "candidate_cv",
+             "q_value", "threshold", "baseline_median_s", "candidate_median_s", "baseline_cv", "candidate_cv",
              "unstable", "note")
     rows = [[_fmt_cell(k, r.get(k)) for k in shown] for r in comparison.rows]
     counts = comparison.counts()
@@ -214,7 +239,8 @@ def render_comparison(comparison: Comparison, baseline: Sweep, candidate: Sweep,
     rule = (f"With rounds on both sides (basis rounds): slower/faster: ratio of the geometric means of the rounds' "
             f"fastest samples beyond 1 + max({t.min_change:g}, {t.noise_factor:g} x the spread between rounds, the "
             f"pooled SD of their logs moderated towards the job's typical case with {t.prior_df:g} degrees of "
-            f"freedom) and a t-test on their logs p < {t.rounds_p_value:g}; undecided: fewer than "
+            f"freedom) and a t-test on their logs whose p, adjusted over every rounds case of this comparison "
+            f"(Benjamini-Hochberg q), is < {t.rounds_p_value:g}; undecided: fewer than "
             f"{t.min_rounds} rounds a side. Interval: the t-test's 95% of the ratio. "
             f"Otherwise (basis samples): ratio of medians beyond 1 + max({t.min_change:g}, {t.noise_factor:g} x the "
             f"baseline's noise, IQR/(1.349 median)) and Mann-Whitney U p < {t.p_value:g}; unstable: a side's "

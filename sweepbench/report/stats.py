@@ -115,7 +115,7 @@ class Verdict:
         return asdict(self)
 
 
-def _verdict(ratio: float, threshold: float, significant: bool) -> str:
+def verdict_for(ratio: float, threshold: float, significant: bool) -> str:
     """A change beyond the threshold that the test agrees with is ``slower``/``faster``; one the
     test does not agree with is ``~``; anything within the threshold is ``unchanged``."""
     if ratio > threshold:
@@ -139,7 +139,7 @@ def compare_samples(base: Sequence[float], cand: Sequence[float], th: Thresholds
     threshold = 1 + max(th.min_change, th.noise_factor * noise)
     unstable = any(cv(xs) > th.max_cv or spread(xs) > th.max_spread for xs in (base, cand))
     significant = p < th.p_value
-    verdict = _verdict(ratio, threshold, significant)
+    verdict = verdict_for(ratio, threshold, significant)
     if unstable and verdict not in ("slower", "faster"):
         verdict = "unstable"
     return Verdict(verdict, ratio, lo, hi, p, threshold, noise, mb, mc, cv(base), cv(cand), spread(base),
@@ -175,7 +175,9 @@ def compare_rounds(base: Sequence[float], cand: Sequence[float], th: Thresholds 
     both hold:
 
     * ``ratio`` is beyond ``1 + max(min_change, noise_factor x noise)`` (or below its reciprocal);
-    * the t-test of the difference with that noise gives p < ``rounds_p_value``.
+    * the t-test of the difference with that noise gives p < ``rounds_p_value`` (alone; a
+      comparison of many cases re-judges each on its Benjamini-Hochberg q-value over them all,
+      ``compare._control_false_discoveries``).
 
     ``~`` when only the first holds; ``undecided`` when a side has fewer than ``min_rounds``
     rounds. The interval is the t-test's 95% interval of the ratio. ``medians``: the rounds'
@@ -207,5 +209,5 @@ def compare_rounds(base: Sequence[float], cand: Sequence[float], th: Thresholds 
     else:  # identical rounds on each side: the difference is exact
         p, half = (1.0 if diff == 0 else 0.0), 0.0
     significant = p < th.rounds_p_value
-    verdict = _verdict(ratio, threshold, significant)
+    verdict = verdict_for(ratio, threshold, significant)
     return Verdict(verdict, ratio, math.exp(diff - half), math.exp(diff + half), p, threshold, noise, **common)

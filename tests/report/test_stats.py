@@ -131,3 +131,42 @@ def test_rounds_too_few_is_undecided_and_bad_settings() -> None:
         Thresholds(min_rounds=1)
     with pytest.raises(ValueError, match=r"rounds_p_value=1.5 must be in \(0, 1\)"):
         Thresholds(rounds_p_value=1.5)
+
+
+# ---------------------------------------------------------------- one comparison, many cases
+
+
+def _rounds_job(tag: str, rounds_per_case: list[list[float]]) -> dict:
+    cases = [{"case": f"c{i}", "times_s": list(r), "round_mins_s": list(r), "round_medians_s": list(r)}
+             for i, r in enumerate(rounds_per_case)]
+    return {"tag": tag, "status": "ok", "benchmark": "collective", "config": {"benchmark": {"name": "collective"}},
+            "results": {"cases": cases}}
+
+
+def test_many_cases_are_judged_together_false_discoveries_controlled() -> None:
+    """60 cases of identical jobs whose rounds differ by noise alone, one of them by chance far
+    enough for a raw p < 0.01: compare adjusts the rounds' p-values over the comparison
+    (Benjamini-Hochberg) and calls nothing; a case really 2x slower among them is still found."""
+    from pathlib import Path
+
+    from sweepbench.report.compare import compare_sweeps
+    from sweepbench.report.load import Sweep
+
+    rng = np.random.default_rng(7)
+    noise = lambda: list(np.exp(rng.normal(0, 0.05, 3)))  # noqa: E731
+    base = [noise() for _ in range(60)]
+    twin = [noise() for _ in range(60)]
+    lucky = [1.0, 1.01, 0.99], [1.12, 1.13, 1.11]  # raw p far below 0.01 against a tight prior
+    base[0], twin[0] = lucky
+    rows = compare_sweeps(Sweep(Path("a"), [_rounds_job("j", base)]), Sweep(Path("b"), [_rounds_job("j", twin)])).rows
+    assert len(rows) == 60 and {r["basis"] for r in rows} == {"rounds"}
+    # judged alone, the lucky case would be a false `slower`; in its family it is only `~`
+    assert rows[0]["p_value"] < 0.01 and rows[0]["ratio"] > rows[0]["threshold"] and rows[0]["q_value"] > 0.01
+    assert rows[0]["verdict"] == "~"
+    assert not [r for r in rows if r["verdict"] in ("slower", "faster")], [r for r in rows if r["p_value"] < 0.01]
+    assert all(r["q_value"] >= r["p_value"] for r in rows)
+    # the same family with one case really 2x slower: found, with its q-value below 0.01
+    twin[5] = [2 * x for x in base[5]]
+    rows = compare_sweeps(Sweep(Path("a"), [_rounds_job("j", base)]), Sweep(Path("b"), [_rounds_job("j", twin)])).rows
+    assert rows[5]["verdict"] == "slower" and rows[5]["q_value"] < 0.01
+    assert [r["case"] for r in rows if r["verdict"] in ("slower", "faster")] == ["c5"]
