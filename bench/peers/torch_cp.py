@@ -144,7 +144,10 @@ def time_one(args: argparse.Namespace, seq_len: int, device: torch.device) -> tu
     mesh = init_device_mesh(device.type, (world,))
     set_rotate_method(args.rotate_method)
     cuda = device.type == "cuda"
-    kernel = sdpa_kernel(getattr(SDPBackend, KERNELS[args.backend])) if cuda else contextlib.nullcontext()
+    # a fresh sdpa_kernel context per `with` (a generator context cannot be entered twice); on CPU the
+    # math kernel, so the CPU check goes through the same two entries
+    def kernel() -> contextlib.AbstractContextManager:
+        return sdpa_kernel(getattr(SDPBackend, KERNELS[args.backend] if cuda else "MATH"))
 
     def step() -> torch.Tensor:
         for x in (q, k, v):
@@ -157,7 +160,7 @@ def time_one(args: argparse.Namespace, seq_len: int, device: torch.device) -> tu
 
     times = []
     buffers = [q, k, v, dout]
-    with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2] * 4, no_restore_buffers=set(buffers)), kernel:
+    with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2] * 4, no_restore_buffers=set(buffers)), kernel():
         q, k, v = (x.detach().requires_grad_() for x in (q, k, v))  # sharded in place on entry: this rank's tokens
         for _ in range(args.warmup):
             step()
@@ -177,7 +180,7 @@ def time_one(args: argparse.Namespace, seq_len: int, device: torch.device) -> tu
                 out = step()
                 times.append(time.perf_counter() - tic)
         assert q.shape[2] == seq_len // world and all(torch.isfinite(x.grad).all() for x in (q, k, v))
-    with kernel:
+    with kernel():
         err = check(out, *whole, atol=args.atol if args.atol is not None else (2e-2 if dtype != torch.float32 else 1e-4))
     del whole
     t = torch.tensor(times, dtype=torch.float64, device=device)

@@ -7,10 +7,17 @@ Two ways to make a sample, and the rule for which one a benchmark uses lives her
   launch latency that sync exposes is lost in the step.
 - batched (``ops_per_sample=k``): a sample is k back-to-back calls between one pair of events,
   reported as its time / k, as nccl-tests times its ``-n`` iterations. For short ops
-  (collectives), whose one-op time would otherwise be mostly launch latency."""
+  (collectives), whose one-op time would otherwise be mostly launch latency.
+
+Python's garbage collector is collected after the warm-up and kept off while timing, as timeit
+does: a full collection walks every object of the process (a model's modules, the harness's
+configs), so in a process with many objects it lands as a pause of hundreds of milliseconds in
+whichever sample triggers it (seen as one 240-340 ms sample among 14 ms refits of megatron-core
+in the harness, absent from its standalone twin: docs/results/peers_1gpu_h200/README.md)."""
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import Callable
 
@@ -37,7 +44,7 @@ def sampling(*, warmup: int, iters: int, ops_per_sample: int, device: torch.devi
     one = "one call" if ops_per_sample == 1 else f"time of {ops_per_sample} back-to-back calls / {ops_per_sample}"
     return {"ops_per_sample": ops_per_sample, "samples": iters, "warmup_calls": warmup,
             "timer": "cuda events" if device.type == "cuda" else "host clock",
-            "sample": f"{one}, slowest rank"}
+            "sample": f"{one}, slowest rank", "gc": "collected after warm-up, off while timing"}
 
 
 # fault.kind=slow (launch.faults): every timed iteration of this rank takes this many times as long
@@ -121,6 +128,18 @@ def time_iterations(
     between one ``before`` and ``after``. Every rank of the default group must call this with
     the same ``warmup``, ``iters`` and ``ops_per_sample``."""
     assert ops_per_sample >= 1, ops_per_sample
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _time_iterations(step, warmup=warmup, iters=iters, device=device, before=before, after=after,
+                                ops_per_sample=ops_per_sample)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _time_iterations(step: Hook, *, warmup: int, iters: int, device: torch.device, before: Hook, after: Hook,
+                     ops_per_sample: int) -> list[float]:
     if ops_per_sample > 1:
         if warmup:
             before()
@@ -131,6 +150,7 @@ def time_iterations(
         before()
         step()
         after()
+    gc.collect()  # the warm-up's garbage, before the first sample; none is collected while timing
     if _slowdown != 1:
         step = _slowed(step, device)
     if device.type == "cuda":

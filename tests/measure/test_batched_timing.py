@@ -76,3 +76,51 @@ def test_ops_per_sample_rule() -> None:
     assert ops_per_sample(0, short_ops=True) == SHORT_OP_BATCH == 20
     assert ops_per_sample(0, short_ops=False) == 1
     assert ops_per_sample(7, short_ops=True) == ops_per_sample(7, short_ops=False) == 7
+
+
+def gc_job(rank: int, world_size: int) -> dict[str, Any]:
+    """A step that leaves reference cycles behind, as a big model's Python code does: a collection is
+    due after a few calls. Records when the collector ran (gc.callbacks) relative to the samples."""
+    import gc
+
+    import torch
+
+    from sweepbench.measure.timing import time_iterations
+
+    state = {"phase": "warmup", "timed_calls": 0}
+    runs: list[tuple[str, int]] = []
+
+    def on_gc(event: str, info: dict[str, Any]) -> None:
+        if event == "start":
+            runs.append((state["phase"], info["generation"]))
+
+    def step() -> None:
+        for _ in range(3000):  # cyclic garbage: two lists pointing at each other
+            a: list[Any] = []
+            b = [a]
+            a.append(b)
+        if state["phase"] == "timed":
+            state["timed_calls"] += 1
+
+    def before() -> None:
+        state["phase"] = "timed" if state["timed_calls"] or calls["before"] >= 2 else state["phase"]
+        calls["before"] += 1
+
+    calls = {"before": 0}
+    gc.callbacks.append(on_gc)
+    try:
+        assert gc.isenabled()
+        time_iterations(step, warmup=2, iters=10, device=torch.device("cpu"), before=before)
+        enabled_after = gc.isenabled()
+    finally:
+        gc.callbacks.remove(on_gc)
+    return {"runs": runs, "timed_calls": state["timed_calls"], "enabled_after": enabled_after}
+
+
+def test_no_garbage_collection_while_timing(world2: Any) -> None:
+    """The collector runs (a full collection after the warm-up) but never while samples are taken; it is
+    on again afterwards. Without this, 30000 cycles in 10 samples trigger several collections there."""
+    for rank in world2.run(gc_job):
+        assert rank["timed_calls"] == 10 and rank["enabled_after"]
+        assert ("warmup", 2) in rank["runs"], rank["runs"]  # gc.collect() once the warm-up is done
+        assert not [r for r in rank["runs"] if r[0] == "timed"], rank["runs"]
