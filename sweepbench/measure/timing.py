@@ -9,11 +9,11 @@ Two ways to make a sample, and the rule for which one a benchmark uses lives her
   reported as its time / k, as nccl-tests times its ``-n`` iterations. For short ops
   (collectives), whose one-op time would otherwise be mostly launch latency.
 
-Python's garbage collector is collected after the warm-up and kept off while timing, as timeit
+Python's garbage is collected after the warm-up and the collector kept off while timing, as timeit
 does: a full collection walks every object of the process (a model's modules, the harness's
 configs), so in a process with many objects it lands as a pause of hundreds of milliseconds in
-whichever sample triggers it (seen as one 240-340 ms sample among 14 ms refits of megatron-core
-in the harness, absent from its standalone twin: docs/results/peers_1gpu_h200/README.md)."""
+whichever sample triggers it (a 252 ms gen-2 collection inside one 16 ms megatron-core refit,
+absent from its standalone twin: docs/results/peers_1gpu_h100/README.md)."""
 
 from __future__ import annotations
 
