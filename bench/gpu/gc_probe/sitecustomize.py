@@ -2,7 +2,7 @@
 takes over 2 ms, or of the oldest generation, to <prefix>.<pid> (wall time, generation, pause).
 GC_PROBE_KEEP_ON=1 also undoes the timing loop's GC guard (sweepbench.measure.timing keeps the
 collector off while timing): the harness as it was before that guard, for an A/B in one call
-(bench/gpu/peers_1gpu.sh, docs/results/peers_1gpu_h200/README.md)."""
+(bench/gpu/peers_interleaved.sh, docs/results/peers_1gpu_h100/README.md)."""
 
 import gc
 import os

@@ -1,8 +1,8 @@
-"""Summarise bench/gpu/peers_1gpu.sh's archive: each round's standalone twin against the in-harness
+"""Summarise bench/gpu/peers_interleaved.sh's archive: each round's standalone twin against the in-harness
 peer, one row per (peer, case, round, side), and the markdown table of docs/results/peers_1gpu_*.
 
-    python bench/gpu/peers_1gpu_summary.py R_DIR --out docs/results/peers_1gpu_h100/peers.csv
-R_DIR is the archive's r/ folder (tar xzf peers1.tgz)."""
+    python bench/gpu/peers_summary.py R_DIR --out docs/results/peers_1gpu_h100/peers.csv
+R_DIR is the archive's r/ folder (tar xzf peers.tgz)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from pathlib import Path
 
 def megatron_rows(r: Path) -> list[dict]:
     rows = []
-    for twin in sorted(r.glob("megatron_twin_r*.csv")):
-        n = twin.stem.rsplit("_r", 1)[1]
+    for twin in sorted(r.glob("megatron*_twin_r*.csv")):  # megatron{case index, W=2}_twin_r{round}.csv
+        c, n = twin.stem.split("_twin_r")
         t = next(csv.DictReader(twin.open()))
         rows.append({"peer": "megatron-core refit", "case": t["case"], "round": n, "side": "twin",
                      "times_ms": [float(x) * 1e3 for x in t["times_s"].split(";")], "verified": True})
-        for side, folder in (("harness", f"megatron_r{n}"), ("harness, GC on while timing", f"megatron_gc_on_r{n}")):
+        for side, folder in (("harness", f"{c}_r{n}"), ("harness, GC on while timing", f"{c}_gc_on_r{n}")):
             for path in sorted(r.glob(f"{folder}/*/metrics.json")):
                 m = json.loads(path.read_text())
                 case = m["results"]["cases"][0]
