@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import TINY, SweepRun, run_sweepbench
+from .answer_sweeps import answer_sweeps  # noqa: F401 (one session fixture for every module of tests/report)
 
 REPORT_SWEEPS = {
     # tp2 twice: clean, and with rank 1 raising (a failed job the report must list with its error)
