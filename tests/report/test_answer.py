@@ -44,7 +44,7 @@ def test_fastest_names_the_winner_and_a_real_gap(answer_sweeps: dict[str, SweepR
     text = pages["slow"].text
     # the answer comes first, before the sweep's metadata and results table
     assert text.index("Fastest") < text.index("git commit") < text.index("Results (")
-    assert re.search(r"fault\.factor=1\t[\d.]+ µs\tfault\.factor=4\t[\d.]+ µs\t\d\.\d\dx\treal\t< 0\.002", text), text[:1500]
+    assert re.search(r"fault\.factor=1\t[\d.]+ [µm]s\tfault\.factor=4\t[\d.]+ [µm]s\t\d\.\d\dx\treal\t< 0\.002", text), text[:1500]
 
 
 def test_terminal_ranking_fits_80_columns(answer_sweeps: dict[str, SweepRun]) -> None:
