@@ -102,11 +102,13 @@ def gc_job(rank: int, world_size: int) -> dict[str, Any]:
         if state["phase"] == "timed":
             state["timed_calls"] += 1
 
-    def before() -> None:
-        state["phase"] = "timed" if state["timed_calls"] or calls["before"] >= 2 else state["phase"]
-        calls["before"] += 1
-
     calls = {"before": 0}
+
+    def before() -> None:  # called once per warm-up call, then once per sample: the third opens the timing
+        calls["before"] += 1
+        if calls["before"] > 2:
+            state["phase"] = "timed"
+
     gc.callbacks.append(on_gc)
     try:
         assert gc.isenabled()
