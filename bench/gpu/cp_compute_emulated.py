@@ -4,11 +4,16 @@ of a W-rank step (kernels, merges, casts, launches) is measured; communication a
 Timed with CUDA events (median of 10 after 3 warm-up), against T1 = the whole sequence on cuDNN; writes a
 torch.profiler trace per impl (summarise with bench/gpu/trace_top.py).
 
-    python bench/gpu/cp_compute_emulated.py SEQ OUT_DIR ring,ulysses      # env: W (2), KVH (32), RANK_EMU (0)
+    python bench/gpu/cp_compute_emulated.py SEQ OUT_DIR ring,ulysses      # env: W (2), KVH (32), RANK_EMU (0),
+                                                                          # NO_TRACE (1: no profiled step),
+                                                                          # FUSED_MERGE (1: the LSE merge compiled)
+FUSED_MERGE=1 swaps the engine's two-pass LSE merge (``accum.merge_``) for the same fp32 math in one pass, compiled
+with torch.compile (one kernel reads both outputs and writes ``out``): what a fused merge would save, measured
+(docs/results/ring_views_h100). The engine does not compile it: torch.compile costs each process 6-9 s.
 
 The forward output is not verified here: LocalComm results are wrong by design (see attention/comm.py);
 the verified numbers come from the sweep (benchmark=attention)."""
-import os, sys, torch
+import os, sys, time, torch
 from torch.profiler import profile, ProfilerActivity
 from sweepbench.attention.api import cp_attention
 from sweepbench.attention.comm import LocalComm
@@ -16,6 +21,13 @@ from sweepbench.attention.placement import shard_sequence
 from sweepbench.attention.registry import get_impl
 from sweepbench.attention.scaling import make_inputs, Shape
 from sweepbench.attention.ops import sdpa_attention
+if os.environ.get("FUSED_MERGE"):
+    from sweepbench.attention import accum
+    def one_pass(out, lse, block_out, block_lse):
+        w = torch.sigmoid(block_lse - lse).unsqueeze(-1)
+        out.copy_(block_out.float() * w + out.float() * (1 - w))
+        lse.copy_(torch.logaddexp(lse, block_lse))
+    accum.merge_ = torch.compile(one_pass, dynamic=True, fullgraph=True)
 seq, out_dir, impls = int(sys.argv[1]), sys.argv[2], sys.argv[3].split(",")
 W, kvh, rank = int(os.environ.get("W", "2")), int(os.environ.get("KVH", "32")), int(os.environ.get("RANK_EMU", "0"))
 dev = torch.device("cuda")
@@ -45,9 +57,14 @@ for impl in impls:
     def step():
         for x in leaves: x.grad = None
         cp_attention(*leaves, impl=impl, causal=True, sdpa_backend="cudnn", comm=comm).backward(mine[3])
+    tic = time.perf_counter(); step(); torch.cuda.synchronize()  # first call: cuDNN plans, compiled merges
+    first = time.perf_counter() - tic
     ms = timeit(step)
+    print(f"{impl} W={W} rank{rank} seq={seq} kvh={kvh}: first step {first:.2f} s", flush=True)
     print(f"{impl} W={W} rank{rank} seq={seq} kvh={kvh}: compute-only {ms:.2f} ms; ideal T1/W {t1ms / W:.2f} ms; "
           f"compute efficiency {t1ms / W / ms:.3f}", flush=True)
+    if os.environ.get("NO_TRACE"):
+        continue
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step(); torch.cuda.synchronize()
     prof.export_chrome_trace(f"{out_dir}/{impl}_{seq}_kv{kvh}.pt.trace.json.gz")

@@ -12,7 +12,11 @@ The SDPA backends are registered by name: ``cpu_flash`` (the CPU flash op), and 
 (``gqa``: cpu_flash, cuDNN and flash; measured on an H200, cuDNN's own GQA is 5-9% faster than the
 expanded heads at 4K-8K, docs/results/gqa_native_h200): K/V go to it as they are and its dK/dV come
 back per kv head. For the others (efficient) the kv heads are expanded just before the op (after
-any communication) and their gradients summed back."""
+any communication) and their gradients summed back. A backend whose ops read strided tensors
+(``views``: cpu_flash, cuDNN and flash take any batch/head stride as long as each row is packed) is
+handed a block's row slice of Q, K, V, out and dout as a view; the others get a contiguous copy.
+The ring's zigzag blocks are such slices (half of the rows), so on the views backends a step
+copies nothing."""
 
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ class SdpaBackend:
     backward: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     dtypes: tuple[torch.dtype, ...]
     gqa: bool = False
+    views: bool = False
 
 
 SDPA_BACKENDS: dict[str, SdpaBackend] = {}
@@ -112,9 +117,9 @@ def _efficient_bwd(dout, q, k, v, out, lse, aux, causal, scale):
 
 
 _LOW = (torch.bfloat16, torch.float16)
-_register(SdpaBackend("cpu_flash", "cpu", _cpu_fwd, _cpu_bwd, (torch.float32, *_LOW), gqa=True))
-_register(SdpaBackend("cudnn", "cuda", _cudnn_fwd, _cudnn_bwd, _LOW, gqa=True))
-_register(SdpaBackend("flash", "cuda", _flash_fwd, _flash_bwd, _LOW, gqa=True))
+_register(SdpaBackend("cpu_flash", "cpu", _cpu_fwd, _cpu_bwd, (torch.float32, *_LOW), gqa=True, views=True))
+_register(SdpaBackend("cudnn", "cuda", _cudnn_fwd, _cudnn_bwd, _LOW, gqa=True, views=True))
+_register(SdpaBackend("flash", "cuda", _flash_fwd, _flash_bwd, _LOW, gqa=True, views=True))
 _register(SdpaBackend("efficient", "cuda", _efficient_fwd, _efficient_bwd, (torch.float32, *_LOW)))
 
 
@@ -145,10 +150,18 @@ def expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x if g == 1 else x.repeat_interleave(g, dim=1)
 
 
+def rows_in(backend: SdpaBackend, x: torch.Tensor) -> torch.Tensor:
+    """A (B, H, L, D) operand as ``backend``'s ops take it: itself where the backend takes views and
+    its rows are packed (a row slice of a contiguous tensor, 16-byte aligned), else contiguous."""
+    if backend.views and x.stride(-1) == 1 and x.stride(-2) == x.shape[-1] and x.data_ptr() % 16 == 0:
+        return x
+    return x.contiguous()
+
+
 def kv_in(backend: SdpaBackend, x: torch.Tensor, heads: int) -> torch.Tensor:
     """K or V as ``backend``'s ops take it for ``heads`` query heads: as it is where the backend
-    does GQA itself, else expanded; contiguous."""
-    return (x if backend.gqa else expand_kv(x, heads)).contiguous()
+    does GQA itself, else expanded; see ``rows_in``."""
+    return rows_in(backend, x if backend.gqa else expand_kv(x, heads))
 
 
 def _reduce(dx: torch.Tensor, kv_heads: int) -> torch.Tensor:
@@ -165,7 +178,7 @@ def attend(backend: SdpaBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     aux: Aux = ()
     heads = q.shape[1]
     for b in blocks:
-        o, l, aux = backend.forward(q[:, :, b.q].contiguous(), kv_in(backend, k[:, :, b.k], heads),
+        o, l, aux = backend.forward(rows_in(backend, q[:, :, b.q]), kv_in(backend, k[:, :, b.k], heads),
                                     kv_in(backend, v[:, :, b.k], heads), b.causal, scale)
         if fresh:
             out[:, :, b.q].copy_(o)
@@ -181,9 +194,9 @@ def block_grads(backend: SdpaBackend, dout: torch.Tensor, q: torch.Tensor, k: to
     """One block's share of dq (its query rows) and dk, dv (its keys, summed back to the kv heads)."""
     heads, kv_heads = q.shape[1], k.shape[1]
     gq, gk, gv = backend.backward(
-        dout[:, :, b.q].contiguous(), q[:, :, b.q].contiguous(),
+        rows_in(backend, dout[:, :, b.q]), rows_in(backend, q[:, :, b.q]),
         kv_in(backend, k[:, :, b.k], heads), kv_in(backend, v[:, :, b.k], heads),
-        out[:, :, b.q].contiguous(), lse[:, :, b.q].contiguous(), aux, b.causal, scale)
+        rows_in(backend, out[:, :, b.q]), lse[:, :, b.q].contiguous(), aux, b.causal, scale)
     return gq, _reduce(gk, kv_heads), _reduce(gv, kv_heads)
 
 
@@ -229,7 +242,7 @@ class LocalAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, backend: SdpaBackend, blocks: tuple[Block, ...], scale: float):  # type: ignore[override]
         merged, aux = Merged(q), ()
         for i, b in enumerate(blocks):
-            o, lse, aux = backend.forward(q[:, :, b.q].contiguous(), kv_in(backend, k[:, :, b.k], q.shape[1]),
+            o, lse, aux = backend.forward(rows_in(backend, q[:, :, b.q]), kv_in(backend, k[:, :, b.k], q.shape[1]),
                                           kv_in(backend, v[:, :, b.k], q.shape[1]), b.causal, scale)
             merged.add(b.q, o, lse, last=i == len(blocks) - 1)
         return stash(ctx, q, k, v, *merged.result(), (backend, blocks, scale, aux))

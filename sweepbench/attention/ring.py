@@ -13,7 +13,10 @@ transfer), then r+2, ... and its own last, rotating K/V and the dK/dV accumulato
 The accumulator of a K/V thus reaches its owner after W-1 sends, each overlapped with the next
 step's compute, and the last step (the own K/V) sends nothing: no transfer is left exposed at the
 end, and at W=2 the backward moves only one dK/dV. An accumulator holding one step's gradient
-travels in the input dtype (it is one kernel's output), a sum of several in fp32.
+travels in the input dtype (it is one kernel's output), a sum of several in fp32. It spans only the
+rows of that K/V the blocks so far attended to (``_key_rows``; the receiver works the span out from
+the same schedule): at W=2 with the zigzag, rank 1's dK/dV of rank 0's K/V is its first half only,
+the kernel's output sent as it is (no zero-filled full-length buffer)
 ``ring_naive`` is this code with contiguous placement and no overlap: each exchange is waited for
 at once."""
 
@@ -26,7 +29,7 @@ import torch
 
 from sweepbench.attention.accum import Merged, RowSum
 from sweepbench.attention.comm import Comm, Pending
-from sweepbench.attention.ops import Block, SdpaBackend, block_grads, kv_in, stash, unstash
+from sweepbench.attention.ops import Block, SdpaBackend, block_grads, kv_in, rows_in, stash, unstash
 
 Schedule = Callable[[int, int, int, bool], list[Block]]  # (rank, src, local_len, causal)
 ALL = slice(None)
@@ -77,6 +80,28 @@ def _exchange(opt: RingOptions, send: KV, recv: KV, *, reverse: bool = False) ->
     return pending
 
 
+def _key_rows(opt: RingOptions, ranks: list[int], src: int, n: int) -> slice:
+    """The rows of rank ``src``'s K/V that the blocks of ``ranks`` attend to: the hull of their key
+    slices (all rows where they attend to none)."""
+    spans = [b.k.indices(n)[:2] for r in ranks for b in SCHEDULES[opt.placement](r, src, n, opt.causal)]
+    return slice(min(a for a, _ in spans), max(e for _, e in spans)) if spans else slice(0, n)
+
+
+def _within(rows: slice, span: slice, n: int) -> slice:
+    """``rows`` (of all n rows) as rows of the tensor that holds ``span``."""
+    a, e, _ = rows.indices(n)
+    return slice(a - span.start, e - span.start)
+
+
+def _shape(like: torch.Tensor, rows: slice) -> tuple[int, ...]:
+    """``like``'s shape with ``rows``' number of rows (dim 2)."""
+    return (*like.shape[:2], rows.stop - rows.start, *like.shape[3:])
+
+
+def _sized(like: torch.Tensor, rows: slice, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(_shape(like, rows), dtype=dtype, device=like.device)
+
+
 def _empty(like: KV) -> KV:
     """Contiguous receive buffers shaped like ``like`` (whatever its strides)."""
     return (torch.empty(like[0].shape, dtype=like[0].dtype, device=like[0].device),
@@ -98,7 +123,7 @@ class RingAttention(torch.autograd.Function):
             blocks = schedule(r, (r - s) % w, n, opt.causal)
             for i, b in enumerate(blocks):
                 o, lse, step_aux = opt.backend.forward(
-                    q[:, :, b.q].contiguous(), kv_in(opt.backend, cur[0][:, :, b.k], q.shape[1]),
+                    rows_in(opt.backend, q[:, :, b.q]), kv_in(opt.backend, cur[0][:, :, b.k], q.shape[1]),
                     kv_in(opt.backend, cur[1][:, :, b.k], q.shape[1]), b.causal, opt.scale)
                 merged.add(b.q, o, lse, last=s == w - 1 and i == len(blocks) - 1)
                 aux = step_aux if aux is None else aux
@@ -124,24 +149,30 @@ class RingAttention(torch.autograd.Function):
             if s < w - 2:
                 nxt = spare or _empty(cur)
                 kv_pending = _exchange(opt, cur, nxt, reverse=True)
-            blocks = schedule(r, (r + 1 + s) % w, n, opt.causal)
+            src = (r + 1 + s) % w
+            blocks = schedule(r, src, n, opt.causal)
             assert len(blocks) <= 1, "one block per step: a travelling dK/dV is one kernel's output after step 0"
-            dk, dv = RowSum(k.shape, device=k.device), RowSum(v.shape, device=v.device)
+            # this K/V's accumulator after this step: the rows ranks r..r+s attended to (all rows at the owner)
+            span = slice(0, n) if own else _key_rows(opt, [(r + j) % w for j in range(s + 1)], src, n)
+            dk, dv = RowSum(_shape(k, span), device=k.device), RowSum(_shape(v, span), device=v.device)
             for b in blocks:
                 gq, gk, gv = block_grads(opt.backend, dout, q, cur[0], cur[1], out, lse, b, scale=opt.scale, aux=aux)
                 dq.add(b.q, gq)
-                dk.add(b.k, gk)
-                dv.add(b.k, gv)
+                dk.add(_within(b.k, span, n), gk)
+                dv.add(_within(b.k, span, n), gv)
             if got_pending is not None:
                 got_pending.wait()
                 assert got is not None
-                dk.add(ALL, got[0])
-                dv.add(ALL, got[1])
+                rows = _within(_key_rows(opt, [(r + 1 + j) % w for j in range(s)], src, n), span, n)
+                dk.add(rows, got[0])
+                dv.add(rows, got[1])
             # one term (step 0) stays in the input dtype; a sum of several travels in fp32
             dtype = k.dtype if own or s == 0 else torch.float32
             grads = (dk.result(dtype), dv.result(dtype))
-            if not own:
-                got = _empty(grads)
+            if not own:  # rank r+1's accumulator of the next K/V, over the rows ranks r+1..r+1+s attended to
+                nxt_src = (src + 1) % w
+                theirs = _key_rows(opt, [(r + 1 + j) % w for j in range(s + 1)], nxt_src, n)
+                got = (_sized(k, theirs, dtype), _sized(v, theirs, dtype))
                 got_pending = _exchange(opt, grads, got, reverse=True)
             if kv_pending is not None:
                 kv_pending.wait()

@@ -82,3 +82,55 @@ def torch_cp_layout(rank: int, world_size: int, seq_len: int) -> list[int]:
     with context_parallel(DeviceMesh.from_group(dist.group.WORLD, "cpu"), buffers=[pos], buffer_seq_dims=[1],
                           no_restore_buffers={pos}):
         return pos[0].tolist()
+
+
+
+def ring_traffic(rank: int, world_size: int, size: int, views: bool) -> dict[str, Any]:
+    """One causal zigzag ring fwd+bwd on the first ``size`` ranks through cpu_flash (``views``: as
+    registered, or made to take contiguous operands): per kernel call, which 4-D operands it got as
+    a view into a larger tensor (not copied); the rows of every exchange sent and received; and
+    the error against the reference."""
+    import dataclasses
+
+    import torch.distributed as dist
+
+    from sweepbench.attention.ops import get_backend
+    from sweepbench.attention.ring import ring_attention
+
+    if size not in _GROUPS:
+        _GROUPS[size] = dist.new_group(list(range(size)))
+    if rank >= size:
+        return {}
+    seq, heads = 32, 2
+    traffic: list[tuple[str, int, int]] = []  # (direction, rows sent, rows received)
+    calls: list[tuple[str, list[bool]]] = []
+
+    class Spy(Comm):
+        def ring_exchange(self, send, recv, *, reverse=False):
+            traffic.append(("bwd" if reverse else "fwd", send[0].shape[2], recv[0].shape[2]))
+            return super().ring_exchange(send, recv, reverse=reverse)
+
+    def viewed(*xs: torch.Tensor) -> list[bool]:
+        return [x.untyped_storage().nbytes() > x.numel() * x.element_size() for x in xs if x.dim() == 4]
+
+    real = dataclasses.replace(get_backend("cpu_flash"), views=views)
+
+    def fwd(q_, k_, v_, *a):
+        calls.append(("fwd", viewed(q_, k_, v_)))
+        return real.forward(q_, k_, v_, *a)
+
+    def bwd(dout_, q_, k_, v_, out_, *a):
+        calls.append(("bwd", viewed(dout_, q_, k_, v_, out_)))
+        return real.backward(dout_, q_, k_, v_, out_, *a)
+
+    q, k, v, dout = inputs(seq, heads, heads)
+    ref = reference(q, k, v, dout, causal=True, pattern="dense", segs=[], rates=[])
+    mine = [shard_sequence(x, dim=2, rank=rank, world_size=size, placement="zigzag") for x in (q, k, v, dout)]
+    lq, lk, lv = (x.clone().requires_grad_() for x in mine[:3])
+    out = ring_attention(lq, lk, lv, comm=Spy(_GROUPS[size]), causal=True, scale=HEAD_DIM ** -0.5,
+                         backend=dataclasses.replace(real, forward=fwd, backward=bwd), placement="zigzag",
+                         overlap=True)
+    out.backward(mine[3])
+    err = max((got.detach() - shard_sequence(want, dim=2, rank=rank, world_size=size, placement="zigzag")).abs().max()
+              .item() for got, want in zip((out, lq.grad, lk.grad, lv.grad), ref))
+    return {"calls": calls, "traffic": traffic, "error": err}

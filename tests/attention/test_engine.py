@@ -48,3 +48,23 @@ def test_torch_cp_layout_is_zigzag(world4) -> None:
     layouts = world4.run(torch_cp_layout, 32)
     assert layouts == [positions("zigzag", r, 4, 32).tolist() for r in range(4)]
     assert layouts[0] == [0, 1, 2, 3, 28, 29, 30, 31]
+
+
+
+def test_ring_blocks_are_views_and_dkdv_travels_as_attended_rows(world4) -> None:
+    """At W=2 (causal zigzag, local length 16, halves of 8) a backend that takes views is handed
+    each block's row slices of Q, K, V, out and dout as they are, not copied: rank 0's second query
+    half, rank 1's halves of rank 0's K/V. Rank 1's dK/dV of rank 0's K/V, which it attends to in its
+    first half only, travels as those 8 rows; rank 0's covers all 16. Results stay exact either way."""
+    from tests.attention.cases import ring_traffic
+
+    views = world4.run(ring_traffic, 2, True)[:2]
+    copies = world4.run(ring_traffic, 2, False)[:2]
+    assert max(r["error"] for r in views + copies) < 2e-5
+    F, T = False, True  # fwd: q, k, v; bwd: dout, q, k, v, out; own K/V first in fwd, last in bwd
+    assert views[0]["calls"] == [("fwd", [F, F, F]), ("fwd", [T, F, F]), ("bwd", [T, T, F, F, T]), ("bwd", [F] * 5)]
+    assert views[1]["calls"] == [("fwd", [F, F, F]), ("fwd", [F, T, T]), ("bwd", [F, F, T, T, F]), ("bwd", [F] * 5)]
+    assert not any(any(v) for r in copies for _, v in r["calls"])
+    # fwd: all of the K/V each way; bwd at W=2: no K/V rotation, one dK/dV each way, sized by its sender
+    assert views[0]["traffic"] == [("fwd", 16, 16), ("bwd", 16, 8)]
+    assert views[1]["traffic"] == [("fwd", 16, 16), ("bwd", 8, 16)]
