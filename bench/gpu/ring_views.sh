@@ -3,7 +3,8 @@
 # (LocalComm emulation) before (OLD_TREE) and after the row views and dK/dV spans, and with the LSE merge compiled
 # into one pass (FUSED_MERGE=1, 16K only), interleaved in the same call; and the W-rank ring verified on the GPU's
 # kernels as threads (bench/gpu/ring_threads.py). Results under $OUT/r (docs/results/ring_views_h100).
-# OLD_TREE: the code before (git archive 14ce92d sweepbench | tar -x -C .diag/old; carry .diag/old).
+# OLD_TREE: the code before (git archive 14ce92d sweepbench | tar -x -C .diag/old; carry .diag/old). A second use
+# (docs/results/merge_kernel_h100): OLD_TREE at 29eb560, new = the Triton merge.
 export PYTHONUNBUFFERED=1 NO_FLASH_T1=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 NEW=$PWD OLD=${OLD_TREE:-$PWD/.diag/old} ROUNDS=${ROUNDS:-3} LENS=${LENS:-16384 32768}
 codes() { if [ $1 = 16384 ]; then echo old new fused; else echo old new; fi; }
@@ -24,6 +25,14 @@ for code in old new; do for r in 0 1; do
   PYTHONPATH=$([ $code = old ] && echo $OLD || echo $NEW) KVH=8 RANK_EMU=$r NO_TRACE=1 timeout 100 python3 bench/gpu/cp_compute_emulated.py 16384 /tmp ring$([ $code = new ] && echo ,ulysses) 2>&1 \
     | grep -E "^(T1|ring|ulysses|Traceback|.*Error)" | sed "s/^/gqa $code /" | tee -a $R/emulated.txt
 done; done
+# 3. with .whl carried (../shared/device/wheels.sh): the seed's dilated grid at ring 1 through the harness, whose
+# branch merges go through accum.merge_ on the GPU, verified against T1's reference before any time counts
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  PATH=/tmp/site/bin:$PATH PYTHONPATH=/tmp/site:$NEW timeout 240 python3 -m sweepbench -m experiment=ring_dilated_seed \
+    parallelism=cp1 benchmark.seq_len=16384 benchmark.impl=ring,allgather hydra.sweep.dir=$R/dilated_cp1 > $R/dilated_cp1.log 2>&1
+  echo "dilated cp1 rc=$?" | tee -a $R/threads.txt; tail -4 $R/dilated_cp1.log
+fi
 for f in $R/tr_*/ring_16384_kv32.pt.trace.json.gz; do echo "== $f"; python3 bench/gpu/trace_top.py $f --top 12; done > $R/trace_top_16k.txt 2>&1
-rm -f $R/tr_*/*.pt.trace.json.gz
+rm -f $R/tr_*/*.pt.trace.json.gz; find $R -type f -size +5M -delete
 cd $OUT && tar czf ring_views.tgz r && rm -rf r && ls -la

@@ -20,12 +20,28 @@ def _covers(rows: slice, x: torch.Tensor, length: int) -> bool:
     return x.shape[2] == length and rows.indices(length) == (0, length, 1)
 
 
+_KERNEL: list = []  # the Triton merge module, or None where Triton is not installed (looked up once)
+
+
+def _kernel():
+    if not _KERNEL:
+        try:
+            from sweepbench.attention import merge_kernel
+        except ImportError:
+            merge_kernel = None  # type: ignore[assignment]
+        _KERNEL.append(merge_kernel)
+    return _KERNEL[0]
+
+
 def merge_(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor) -> None:
     """Fold one block into ``out`` and ``lse`` (fp32), in place: out = (1 - w) * out + w * out_b with
     w = sigmoid(lse_b - lse) = exp(lse_b - logaddexp(lse, lse_b)); lse = logaddexp(lse, lse_b).
     The math is fp32 whatever ``out``'s dtype: fp32 (an accumulator) or the blocks' dtype (the last
-    merge, rounded once). Two passes: w * out_b into an fp32 temporary, then one fused
-    multiply-add written into ``out``."""
+    merge, rounded once). On CUDA, one Triton kernel (``merge_kernel``); elsewhere two passes:
+    w * out_b into an fp32 temporary, then one fused multiply-add written into ``out``."""
+    if out.is_cuda and (kernel := _kernel()) is not None and kernel.fits(out, lse, block_out, block_lse):
+        kernel.merge(out, lse, block_out, block_lse)
+        return
     w = torch.sigmoid(block_lse - lse).unsqueeze(-1)
     torch.addcmul(block_out * w, out, 1 - w, out=out)
     lse.copy_(torch.logaddexp(lse, block_lse))
