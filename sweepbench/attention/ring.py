@@ -16,7 +16,7 @@ end, and at W=2 the backward moves only one dK/dV. An accumulator holding one st
 travels in the input dtype (it is one kernel's output), a sum of several in fp32. It spans only the
 rows of that K/V the blocks so far attended to (``_key_rows``; the receiver works the span out from
 the same schedule): at W=2 with the zigzag, rank 1's dK/dV of rank 0's K/V is its first half only,
-the kernel's output sent as it is (no zero-filled full-length buffer)
+the kernel's output sent as it is (no zero-filled full-length buffer).
 ``ring_naive`` is this code with contiguous placement and no overlap: each exchange is waited for
 at once."""
 
