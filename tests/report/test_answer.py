@@ -40,11 +40,16 @@ def test_fastest_names_the_winner_and_a_real_gap(answer_sweeps: dict[str, SweepR
     assert winner.job["config"]["fault"]["factor"] == 1 and runner.job["config"]["fault"]["factor"] == 4
     assert (winner.label, runner.label) == ("fault.factor=1", "fault.factor=4")
     assert ranking.verdict.verdict == "slower" and ranking.verdict.p_value < 0.002
-    assert 2.5 < runner.median_s / winner.median_s < 6
+    # 4x injected, measured against a twin in another process, whose base iteration time differs
+    # from this one's (up to 1.7x seen on a 2-core box: a 6.66x gap); a slowdown applied twice is 16x
+    ratio = runner.median_s / winner.median_s
+    assert 2.5 < ratio < 10
     text = pages["slow"].text
     # the answer comes first, before the sweep's metadata and results table
     assert text.index("Fastest") < text.index("git commit") < text.index("Results (")
-    assert re.search(r"fault\.factor=1\t[\d.]+ [µm]s\tfault\.factor=4\t[\d.]+ [µm]s\t\d\.\d\dx\treal\t< 0\.002", text), text[:1500]
+    shown = re.search(r"fault\.factor=1\t[\d.]+ [µm]s\tfault\.factor=4\t[\d.]+ [µm]s\t(\d\.\d\d)x\treal\t< 0\.002", text)
+    assert shown, text[:1500]
+    assert float(shown.group(1)) == round(ratio, 2)  # the page shows the gap measured
 
 
 def test_terminal_ranking_fits_80_columns(answer_sweeps: dict[str, SweepRun]) -> None:
