@@ -7,9 +7,10 @@ torch.profiler trace per impl (summarise with bench/gpu/trace_top.py).
     python bench/gpu/cp_compute_emulated.py SEQ OUT_DIR ring,ulysses      # env: W (2), KVH (32), RANK_EMU (0),
                                                                           # NO_TRACE (1: no profiled step),
                                                                           # FUSED_MERGE (1: the LSE merge compiled)
-FUSED_MERGE=1 swaps the engine's two-pass LSE merge (``accum.merge_``) for the same fp32 math in one pass, compiled
-with torch.compile (one kernel reads both outputs and writes ``out``): what a fused merge would save, measured
-(docs/results/ring_views_h100). The engine does not compile it: torch.compile costs each process 6-9 s.
+FUSED_MERGE=1 swaps the engine's LSE merge (``accum.merge_``: a Triton kernel on CUDA since b968306, two eager
+passes before) for the same fp32 math compiled by torch.compile (one kernel reads both outputs and
+writes ``out``), as measured in docs/results/ring_views_h100 and merge_kernel_h100. The engine does not use it:
+torch.compile cost each process 4-12 s.
 
 The forward output is not verified here: LocalComm results are wrong by design (see attention/comm.py);
 the verified numbers come from the sweep (benchmark=attention)."""

@@ -11,6 +11,8 @@ zero fill and no cast pass is made; from the third term on, the sum is kept in f
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 _FULL = slice(None)
@@ -20,17 +22,14 @@ def _covers(rows: slice, x: torch.Tensor, length: int) -> bool:
     return x.shape[2] == length and rows.indices(length) == (0, length, 1)
 
 
-_KERNEL: list = []  # the Triton merge module, or None where Triton is not installed (looked up once)
-
-
+@functools.cache
 def _kernel():
-    if not _KERNEL:
-        try:
-            from sweepbench.attention import merge_kernel
-        except ImportError:
-            merge_kernel = None  # type: ignore[assignment]
-        _KERNEL.append(merge_kernel)
-    return _KERNEL[0]
+    """The Triton merge module, or None where Triton is not installed (looked up once)."""
+    try:
+        from sweepbench.attention import merge_kernel
+    except ImportError:
+        return None
+    return merge_kernel
 
 
 def merge_(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor) -> None:

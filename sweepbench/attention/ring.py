@@ -142,6 +142,7 @@ class RingAttention(torch.autograd.Function):
         dq = RowSum(q.shape, device=q.device)
         cur, spare = (kept if w > 1 else (k, v)), None
         got: KV | None = None  # the dK/dV accumulator of the current K/V, from rank r+1
+        got_rows = ALL  # the rows of that K/V it spans (ranks r+1..r+s attended to them)
         got_pending: Pending | None = None
         for s in range(w):
             own = s == w - 1  # the last step: this rank's own K/V, whose gradient stays here
@@ -163,16 +164,14 @@ class RingAttention(torch.autograd.Function):
             if got_pending is not None:
                 got_pending.wait()
                 assert got is not None
-                rows = _within(_key_rows(opt, [(r + 1 + j) % w for j in range(s)], src, n), span, n)
-                dk.add(rows, got[0])
-                dv.add(rows, got[1])
+                dk.add(_within(got_rows, span, n), got[0])
+                dv.add(_within(got_rows, span, n), got[1])
             # one term (step 0) stays in the input dtype; a sum of several travels in fp32
             dtype = k.dtype if own or s == 0 else torch.float32
             grads = (dk.result(dtype), dv.result(dtype))
             if not own:  # rank r+1's accumulator of the next K/V, over the rows ranks r+1..r+1+s attended to
-                nxt_src = (src + 1) % w
-                theirs = _key_rows(opt, [(r + 1 + j) % w for j in range(s + 1)], nxt_src, n)
-                got = (_sized(k, theirs, dtype), _sized(v, theirs, dtype))
+                got_rows = _key_rows(opt, [(r + 1 + j) % w for j in range(s + 1)], (src + 1) % w, n)
+                got = (_sized(k, got_rows, dtype), _sized(v, got_rows, dtype))
                 got_pending = _exchange(opt, grads, got, reverse=True)
             if kv_pending is not None:
                 kv_pending.wait()
