@@ -6,7 +6,10 @@ address of the allocation's first node, MASTER_PORT derived from the job id), an
 records the job.
 The other ranks return None, or re-raise what failed them so SLURM sees the task fail (and,
 with ``srun --kill-on-bad-exit``, ends the job: rank 0 may then die before it records, and the
-sweep driver records the job from SLURM's state and the ranks' stderr instead).
+sweep driver records the job from SLURM's state and the ranks' stderr instead). Rank 0 that
+fails records the job, then fails its task too (``RankZeroFailed``): its peers may be waiting
+on it (a rendezvous it never served, a collective it never joins) and would otherwise hold the
+allocation until ``launch.timeout_s``.
 
 A SLURM restart of the job (``scontrol requeue``, a preemption, a requeue on time-out) runs
 this again with SLURM_RESTART_COUNT incremented: rank 0 first clears what the previous attempt
@@ -38,7 +41,9 @@ from sweepbench.record.env import capture_env
 
 log = logging.getLogger(__name__)
 
-MIN_PORT, MAX_PORT = 20000, 60000
+# below Linux's ephemeral range (32768-60999 by default), from which the kernel picks the ports of
+# outgoing connections and of gloo's listeners: a rendezvous port drawn from it can be taken
+MIN_PORT, MAX_PORT = 20000, 32767
 TASKS_ARE_RANKS = "SWEEPBENCH_TASKS_ARE_RANKS"  # set by the launcher's task function in each task
 
 
@@ -121,6 +126,11 @@ def start_attempt(job_dir: Path) -> None:
     write_json_atomic(job_dir / "env.json", capture_env())
 
 
+class RankZeroFailed(RuntimeError):
+    """Rank 0 recorded its job as failed (or timed out) and fails its SLURM task, so that
+    ``srun --kill-on-bad-exit`` ends the ranks still waiting on it."""
+
+
 def _is_time_out(err: BaseException) -> bool:
     """submitit raises UncompletedJobError in rank 0 when SLURM's time-limit warning arrives
     and the job is not requeued (max_num_timeout spent)."""
@@ -152,7 +162,8 @@ def run_slurm_tasks(cfg: DictConfig, *, world_size: int, job_dir: Path,
             outcome = JobOutcome("timeout", f"SLURM time limit reached and the job was not requeued ({err})")
         else:
             outcome = JobOutcome("failed", first_raised(job_dir) or f"rank 0: {last_line(str(err))}")
-        return record(outcome)
+        record(outcome)
+        raise RankZeroFailed(f"rank 0 recorded the job as {outcome.status}: {outcome.error}") from err
     if rank != 0:
         return None
     if payload is None:

@@ -69,7 +69,7 @@ class TaskFunction:
         ret = run_job(hydra_context=self.hydra_context, task_function=self.task_function, config=cfg,
                       job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir",
                       configure_logging=rank == 0)
-        if ret.status == JobStatus.FAILED and rank != 0:
+        if ret.status == JobStatus.FAILED:  # rank 0 after recording (RankZeroFailed), or any other rank
             raise ret._return_value  # the task fails: SLURM (srun --kill-on-bad-exit) ends the job
         return ret
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
 from omegaconf import DictConfig
+
+from sweepbench.launch.slurm import master_port
 
 from ..conftest import SMALL, TINY, SweepRun, planned_tag, run_sweepbench, wandb_inspect
 from .cluster import SlurmCluster
@@ -174,6 +177,41 @@ def test_hard_deaths_are_recorded_and_other_jobs_kept(slurm_cluster: SlurmCluste
         summary = wandb_inspect(wandb_run_dir(run.sweep_dir / tags[kind]))
         assert "failed" in json.dumps(summary)
     assert "injected fault: fault.kind=raise on rank 1" in run.metrics(tags["raise"])["error"]
+
+
+# Rank 0's rendezvous port is taken (CI once saw it: a sweep held for minutes). Rank 0 cannot
+# serve the rendezvous and fails; rank 1 connects to whatever holds the port and would wait there
+# for launch.timeout_s (15 min here). Rank 0 records the job, then fails its task, and srun ends
+# rank 1: the job is over in seconds. The test holds the ports of the next job ids SLURM hands out.
+@pytest.mark.timeout(240)
+def test_a_rank0_that_cannot_rendezvous_ends_its_job_at_once(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    probe = int(slurm_cluster.sbatch("--hold", "--wrap=true"))
+    slurm_cluster.run(["scancel", str(probe)])
+    holders = []
+    for job in range(probe + 1, probe + 21):  # a job alone, or task 0 of an array
+        for job_id in (str(job), f"{job}_0"):
+            sock = socket.socket()
+            try:
+                sock.bind(("", master_port(job_id, 0)))
+                sock.listen()
+            except OSError:
+                sock.close()
+                continue
+            holders.append(sock)
+    try:
+        grid = ["benchmark=collective", "parallelism=tp2", "launch.timeout_s=900", *TINY]
+        run = run_sweepbench([*SLURM, *grid], sweep_dir=tmp_path / "sweep", timeout=200)
+    finally:
+        for sock in holders:
+            sock.close()
+    assert run.rc == 1, run.describe()
+    [job] = [p for p in run.job_dirs() if not p.name.startswith(".")]
+    m = run.metrics(job.name)
+    assert m["status"] == "failed" and m["slurm"]["state"] == "FAILED", (m["error"], m["slurm"])
+    assert "address already in use" in m["error"], m["error"]
+    elapsed = slurm_cluster.run(["sacct", "-n", "-P", "-X", "-j", m["slurm"]["job_id"], "-o", "ElapsedRaw"])
+    assert int(elapsed.stdout.split()[0]) < 120, elapsed.stdout  # not launch.timeout_s
+    assert run.results()["status"].tolist() == ["failed"]
 
 
 @pytest.mark.timeout(360)
