@@ -40,10 +40,12 @@ def test_fastest_names_the_winner_and_a_real_gap(answer_sweeps: dict[str, SweepR
     assert winner.job["config"]["fault"]["factor"] == 1 and runner.job["config"]["fault"]["factor"] == 4
     assert (winner.label, runner.label) == ("fault.factor=1", "fault.factor=4")
     assert ranking.verdict.verdict == "slower" and ranking.verdict.p_value < 0.002
-    # 4x injected, measured against a twin in another process, whose base iteration time differs
-    # from this one's (up to 1.7x seen on a 2-core box: a 6.66x gap); a slowdown applied twice is 16x
+    # 4x injected, measured against a twin in another process, whose base iteration differs from
+    # this one's by up to 1.7x either way on a 2-core box: 26 such sweeps measured 2.33x to 6.66x.
+    # The bounds keep room beyond that and still tell the slowdown applied once from none (1x) or
+    # twice (16x); that the gap is real is the verdict's to say (above)
     ratio = runner.median_s / winner.median_s
-    assert 2.5 < ratio < 10
+    assert 1.6 < ratio < 10
     text = pages["slow"].text
     # the answer comes first, before the sweep's metadata and results table
     assert text.index("Fastest") < text.index("git commit") < text.index("Results (")
