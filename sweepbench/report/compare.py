@@ -46,6 +46,12 @@ CSV_COLUMNS = ("benchmark", "baseline_tag", "candidate_tag", "case", "verdict", 
 MIN_PRIOR_CASES = 5  # cases with rounds a job needs for its typical between-round variance
 PROCESS_NOISE = ("process-to-process noise is not covered: {n} case(s) were judged on the samples of one "
                  "process per side; run both sweeps with sweep.repeats=3 or more to judge on rounds")
+# Rounds interleave inside a sweep, not across two: a change of the machine between two sweeps run
+# one after the other (load, clocks, a neighbour) is a shift that every round of one side shares,
+# and a rounds verdict cannot tell it from a real one (docs/results/compare_noise_cpu*.md)
+APART = ("the sweeps ran apart ({baseline} and {candidate}), so their rounds did not interleave: a change of "
+         "the machine between them is not covered; run both configurations in one sweep (e.g. "
+         "benchmark.impl=a,b or launch.python=A,B) for a verdict that covers it")
 
 
 def column_value(job: dict[str, Any], column: str) -> Any:
@@ -88,6 +94,8 @@ def _index(sweep: Sweep, on: Sequence[str] | None, side: str) -> dict[str, dict[
 class Comparison:
     rows: list[dict[str, Any]]
     unmatched: list[str] = field(default_factory=list)
+    # when each side's compared jobs ran (first start, last finish), where both sides say so
+    spans: tuple[tuple[str, str], tuple[str, str]] | None = None
 
     def count(self, verdict: str) -> int:
         return sum(1 for r in self.rows if r["verdict"] == verdict)
@@ -99,13 +107,31 @@ class Comparison:
     def notes(self) -> list[str]:
         """What the reader must know about the verdicts' basis."""
         on_samples = sum(1 for r in self.rows if r.get("basis") == "samples")
-        return [PROCESS_NOISE.format(n=on_samples)] if on_samples else []
+        notes = [PROCESS_NOISE.format(n=on_samples)] if on_samples else []
+        if self.spans and any(r.get("basis") == "rounds" for r in self.rows):
+            (b0, b1), (c0, c1) = self.spans
+            if b1 <= c0 or c1 <= b0:
+                notes.append(APART.format(baseline=_span(b0, b1), candidate=_span(c0, c1)))
+        return notes
 
     @property
     def regressions(self) -> list[dict[str, Any]]:
         """Rows that fail ``--fail-on-regression``: slower cases, and candidate jobs that failed
         where the baseline's twin was ok."""
         return [r for r in self.rows if r["verdict"] in ("slower", "failed")]
+
+
+def _span(start: str, end: str) -> str:
+    """``2026-11-25 11:05-11:09`` (UTC, as recorded), the date repeated only when it changes."""
+    a, b = dt.datetime.fromisoformat(start.replace("Z", "+00:00")), dt.datetime.fromisoformat(end.replace("Z", "+00:00"))
+    return f"{a:%Y-%m-%d %H:%M}-{b:%H:%M} UTC" if a.date() == b.date() else f"{a:%Y-%m-%d %H:%M}-{b:%Y-%m-%d %H:%M} UTC"
+
+
+def _when(jobs: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """(first start, last finish) of ``jobs`` (ISO timestamps in UTC, which sort as strings)."""
+    starts = [j["started_at"] for j in jobs if isinstance(j.get("started_at"), str)]
+    ends = [j["finished_at"] for j in jobs if isinstance(j.get("finished_at"), str)]
+    return (min(starts), max(ends)) if starts and ends else None
 
 
 def _job_rows(base: dict[str, Any], cand: dict[str, Any], th: Thresholds) -> list[dict[str, Any]]:
@@ -159,13 +185,15 @@ def compare_sweeps(baseline: Sweep, candidate: Sweep, *, on: Sequence[str] | Non
     base_index, cand_index = _index(baseline, on, "baseline"), _index(candidate, on, "candidate")
     rows: list[dict[str, Any]] = []
     unmatched = [f"baseline only: {j.get('tag')}" for k, j in base_index.items() if k not in cand_index]
+    joined = [k for k in cand_index if k in base_index]
     for key, cand in cand_index.items():
         if key not in base_index:
             unmatched.append(f"candidate only: {cand.get('tag')}")
             continue
         rows.extend(_job_rows(base_index[key], cand, thresholds))
     _control_false_discoveries(rows, thresholds)
-    return Comparison(rows, unmatched)
+    spans = (_when([base_index[k] for k in joined]), _when([cand_index[k] for k in joined]))
+    return Comparison(rows, unmatched, spans=spans if all(spans) else None)  # type: ignore[arg-type]
 
 
 def _control_false_discoveries(rows: list[dict[str, Any]], th: Thresholds) -> None:

@@ -27,7 +27,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 from matplotlib.colors import Normalize, TwoSlopeNorm
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from sweepbench.report.units import format_bytes
 
@@ -58,6 +58,17 @@ def config_value(job: dict[str, Any], dotted: str, default: Any = None) -> Any:
 
 def new_figure(width: float = 6.4, height: float = 3.6) -> Figure:
     return Figure(figsize=(width, height), layout="constrained")
+
+
+def _log10_axis(axis: Any, lo: float, hi: float) -> None:
+    """A base-10 log axis for data from ``lo`` to ``hi`` (> 0), labelled in plain numbers (0.2, 1,
+    50): at 1-2-5 steps where it spans up to 3 decades, at powers of ten beyond; minor ticks
+    unlabelled. (matplotlib's default names minor ticks in scientific notation where an axis spans
+    a decade or two, and 3x10^-1 and 4x10^-1 are then written over each other.)"""
+    decades = math.log10(hi / lo) if 0 < lo < hi else 1.0
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades <= 3 else (1.0,)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _bytes_axis(axis: Any) -> None:
@@ -95,6 +106,10 @@ def line_plot(
         _bytes_axis(ax.xaxis)
     if log_y:
         ax.set_yscale("log")
+        ys = [p[1] for pts in series.values() for p in pts if p[1] > 0]
+        ys += [v for v in ceilings.values() if v is not None and math.isfinite(v) and v > 0]
+        if ys:
+            _log10_axis(ax.yaxis, min(ys), max(ys))
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
@@ -206,6 +221,8 @@ def strip_plot(
     positive = [m for m in medians if m > 0]
     if positive and max(positive) / min(positive) > 20:
         ax.set_xscale("log")
+        xs = [x * scale for k in labels for x in samples[k] if x > 0]
+        _log10_axis(ax.xaxis, min(xs), max(xs))
     ax.set_yticks(range(len(labels)), [_wrap(k, 40) for k in labels], fontsize="small")
     ax.set_ylim(len(labels) - 0.5, -0.5)
     ax.set(title=title, xlabel=xlabel)

@@ -108,6 +108,29 @@ def test_no_label_overlaps_on_any_page(pages: dict[str, PageVisit]) -> None:
         assert seen.overlaps == [], (name, seen.overlaps)
 
 
+@pytest.mark.parametrize("fast_ms, slow_ms", [(0.28, 6.0), (0.011, 40.0), (0.002, 3000.0)])
+def test_log_axes_label_plain_numbers_that_never_overlap(tmp_path: Path, fast_ms: float, slow_ms: float) -> None:
+    """A strip plot whose medians span more than 20x goes to a log axis. matplotlib's own labels
+    on an axis of a decade or two name minor ticks in scientific notation (3x10^-1, 4x10^-1),
+    written over each other: a full report run once drew exactly that. The report's log axes name
+    plain numbers, at 1-2-5 steps over a few decades and at powers of ten over more."""
+    from sweepbench.report.plotting import figure_svg, strip_plot
+
+    spread = [0.9, 0.95, 1.0, 1.05, 1.2]
+    fig = strip_plot({"fast job": [fast_ms * f / 1e3 for f in spread], "slow job": [slow_ms * f / 1e3 for f in spread],
+                      "middle job": [(fast_ms * slow_ms) ** 0.5 * f / 1e3 for f in spread]})
+    (ax,) = fig.axes
+    assert ax.get_xscale() == "log"
+    page = tmp_path / "log.html"
+    page.write_text(f"<html><body><figure data-title='log'>{figure_svg(fig, prefix='f')}</figure></body></html>")
+    seen = visit(page)
+    assert seen.overlaps == [], seen.overlaps
+    fig.canvas.draw()
+    shown = [t.get_text() for t in ax.get_xticklabels() if t.get_text() and ax.get_xlim()[0] <= t.get_position()[0] <= ax.get_xlim()[1]]
+    assert len(shown) >= 2 and all(re.fullmatch(r"[\d.]+(e[+-]\d+)?", t) for t in shown), shown
+    assert not [t for t in ax.get_xminorticklabels() if t.get_text()]
+
+
 def test_overlap_check_sees_overlapping_labels(tmp_path: Path) -> None:
     """The check above can fail: a figure with two labels written over each other is caught."""
     from sweepbench.report.plotting import figure_svg, new_figure

@@ -5,6 +5,8 @@ output says that process-to-process noise is not covered."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -29,6 +31,25 @@ def test_same_config_twice_is_not_slower(compare_sweeps: dict[str, SweepRun], tm
     assert row["verdict"] in ("unchanged", "~"), row.to_dict()
     assert row["basis"] == "rounds" and row["n_baseline"] == row["n_candidate"] == COMPARE_ROUNDS
     assert rc == 0 and "process-to-process noise" not in stdout
+
+
+def test_sweeps_run_apart_are_said_to_miss_the_machine_between_them(compare_sweeps: dict[str, SweepRun],
+                                                                    tmp_path: Path) -> None:
+    """base and twin ran one after the other: their rounds did not interleave, and compare says
+    so, with when each ran; a sweep against itself (the same rounds) gets no such note."""
+    base, twin = compare_sweeps["base"], compare_sweeps["twin"]
+    _, _, stdout = _compare(base, twin, tmp_path / "apart")
+    (metrics_b,), (metrics_t,) = ([json.loads(p.read_text()) for p in run.sweep_dir.glob("*/metrics.json")]
+                                  for run in (base, twin))
+    assert metrics_b["finished_at"] <= metrics_t["started_at"]
+    note = re.search(r"note: the sweeps ran apart \((\S+ [\d:]+)-([\d:]+) UTC and (\S+ [\d:]+)-([\d:]+) UTC\)", stdout)
+    assert note, stdout
+    assert note.group(1) == f"{metrics_b['started_at'][:10]} {metrics_b['started_at'][11:16]}"
+    assert note.group(4) == metrics_t["finished_at"][11:16]
+    assert "run both configurations in one sweep" in stdout
+    assert "the sweeps ran apart" in (tmp_path / "apart" / "compare.html").read_text()
+    _, _, stdout = _compare(base, base, tmp_path / "same")
+    assert "ran apart" not in stdout and "note:" not in stdout
 
 
 def test_known_slowdown_is_slower(compare_sweeps: dict[str, SweepRun], tmp_path: Path) -> None:
