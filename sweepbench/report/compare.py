@@ -185,14 +185,15 @@ def compare_sweeps(baseline: Sweep, candidate: Sweep, *, on: Sequence[str] | Non
     base_index, cand_index = _index(baseline, on, "baseline"), _index(candidate, on, "candidate")
     rows: list[dict[str, Any]] = []
     unmatched = [f"baseline only: {j.get('tag')}" for k, j in base_index.items() if k not in cand_index]
-    joined = [k for k in cand_index if k in base_index]
+    pairs = []
     for key, cand in cand_index.items():
         if key not in base_index:
             unmatched.append(f"candidate only: {cand.get('tag')}")
             continue
+        pairs.append((base_index[key], cand))
         rows.extend(_job_rows(base_index[key], cand, thresholds))
     _control_false_discoveries(rows, thresholds)
-    spans = (_when([base_index[k] for k in joined]), _when([cand_index[k] for k in joined]))
+    spans = (_when([b for b, _ in pairs]), _when([c for _, c in pairs]))
     return Comparison(rows, unmatched, spans=spans if all(spans) else None)  # type: ignore[arg-type]
 
 

@@ -209,9 +209,10 @@ def strip_plot(
     lines = sum(_wrap(k, 40).count("\n") + 1 for k in labels)
     fig = new_figure(width, max(2.2, 1.1 + 0.2 * lines + 0.1 * len(labels)))
     ax = fig.add_subplot()
-    medians = []
+    medians, drawn = [], []
     for i, k in enumerate(labels):
         xs = [x * scale for x in samples[k]]
+        drawn += xs
         # deterministic jitter: a report must not change between two renders of the same data
         offsets = [((j * 0.618) % 1.0 - 0.5) * 0.5 for j in range(len(xs))]
         ax.scatter(xs, [i + o for o in offsets], s=7, alpha=0.55, color=f"C{i % 10}", linewidths=0)
@@ -221,8 +222,8 @@ def strip_plot(
     positive = [m for m in medians if m > 0]
     if positive and max(positive) / min(positive) > 20:
         ax.set_xscale("log")
-        xs = [x * scale for k in labels for x in samples[k] if x > 0]
-        _log10_axis(ax.xaxis, min(xs), max(xs))
+        shown = [x for x in drawn if x > 0]
+        _log10_axis(ax.xaxis, min(shown), max(shown))
     ax.set_yticks(range(len(labels)), [_wrap(k, 40) for k in labels], fontsize="small")
     ax.set_ylim(len(labels) - 0.5, -0.5)
     ax.set(title=title, xlabel=xlabel)
