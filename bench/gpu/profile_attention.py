@@ -89,6 +89,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rows, traces = [], []
     cases = [(int(n), int(kv)) for n in args.seq_len.split(",") for kv in args.kv_heads.split(",")]
+    if bad := [kv for _, kv in cases if kv < 1 or args.heads % kv]:
+        p.error(f"--kv-heads {bad[0]} does not divide --heads {args.heads}; use a divisor of {args.heads}")
     for seq_len, kv in cases:
         shape = Shape(args.batch, args.heads, kv, seq_len, args.head_dim)
         inputs = make_inputs(shape, dtype=dtype, device=device, seed=0)

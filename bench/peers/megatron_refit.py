@@ -103,7 +103,9 @@ def build(shape: dict, tp: int, ranks: list[int], device: torch.device) -> torch
         init_method=keep, output_layer_init_method=keep, embedding_init_method=keep)
     if pgs is None:  # a rank that holds no part of this model (non-collocated)
         absent = torch.nn.Module()
-        absent.config, absent.pg_collection = config, types.SimpleNamespace(dp=dist.group.WORLD)
+        # every model-parallel group absent: megatron-core 0.19 reads tp, pp and ep for its plan's key
+        absent.config = config
+        absent.pg_collection = types.SimpleNamespace(tp=None, pp=None, ep=None, dp=dist.group.WORLD)
         return absent
     model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
                      vocab_size=shape["vocab_size"], max_sequence_length=shape["seq_len"], pre_process=True,

@@ -120,13 +120,20 @@ def seed_rng_tracker(seed: int) -> None:
     model_parallel_cuda_manual_seed(seed, tp_rank=0, ep_rank=0, etp_rank=0)
 
 
+def absent_groups() -> types.SimpleNamespace:
+    """The process groups of a model this rank holds no part of: every model-parallel group absent
+    (None), data parallel over the world. megatron-core 0.19 reads all four for its plan's cache key
+    (``pg.tp.size() if pg.tp else 1``, ...); 0.16 only ``dp``."""
+    return types.SimpleNamespace(tp=None, pp=None, ep=None, dp=dist.group.WORLD)
+
+
 class _Absent(torch.nn.Module):
     """The model on a rank that holds no part of it (non-collocated): no parameters."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.config = config
-        self.pg_collection = types.SimpleNamespace(dp=dist.group.WORLD)
+        self.pg_collection = absent_groups()
 
 
 def build_model(m: ModelShape, layout: Layout, rank: int, device: torch.device) -> torch.nn.Module:

@@ -67,3 +67,23 @@ def test_both_models_of_a_job_share_one_seeded_tracker(host_cuda_rng: None) -> N
         seed_rng_tracker(1234)
     assert get_cuda_rng_tracker() is tracker and tracker.seeds_ == seeds
     assert all(tracker.get_states()[k] is v for k, v in states.items())
+
+
+def test_a_rank_without_the_model_names_every_group_megatron_0_19_reads() -> None:
+    """Non-collocated, the rank without a model hands megatron-core a stand-in. megatron-core 0.19.2
+    keys its refit plan on ``(pg.tp.size() if pg.tp else 1, pg.pp..., pg.ep..., pg.dp...,
+    expt_tp...)`` of both models (``resharding/refit.py: _get_config_tuple``); a stand-in holding
+    only ``dp`` failed every non-collocated megatron job on 2 H100s with
+    ``AttributeError: 'types.SimpleNamespace' object has no attribute 'tp'``."""
+    import torch.distributed as dist
+
+    from sweepbench.parallel.megatron_refit import absent_groups
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        pg = absent_groups()
+        expt_tp = getattr(pg, "expt_tp", None)
+        key = tuple(g.size() if g else 1 for g in (pg.tp, pg.pp, pg.ep, pg.dp, expt_tp))
+        assert key == (1, 1, 1, 1, 1) and pg.dp is dist.group.WORLD
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The 2-GPU runs left after x2_wave.sh (docs/results/h200x2/README.md), as named steps so that a few
+# device calls on nvidia-h200-x2 take them in order of importance. Each step has its own time limit
+# and appends its results to $OUT/w.tar as it ends, so a call cut off still returns what finished;
+# no step starts after LEFT seconds (default 480: a call ends at 600 s and the archive must come back).
+#   bash bench/gpu/x2_wave2.sh attn12 cp_peer attn_rest collective profile     # call A
+#   bash bench/gpu/x2_wave2.sh train megatron_peer                             # call B
+#   bash bench/gpu/x2_wave2.sh refit fms                                       # call C
+#   CPU=1 OUT=/tmp/w bash bench/gpu/x2_wave2.sh attn12 ...                     # every step tiny, on gloo
+# Carry .whl (../shared/device/wheels.sh plus the megatron-core 0.19.2 wheel) and .peers (the
+# nccl-tests source: git archive of NVIDIA/nccl-tests into .peers/nccl-tests).
+# Steps:
+#   attn12         issue 18 section 3's 12-job sweep (its wall time is the target: <= 110 s)
+#   attn_rest      GQA-8 16K-128K and MHA 128K, ring / ulysses / torch_cp (issue 20's table)
+#   cp_peer        torch CP's standalone twin and the in-harness peer, interleaved, 2 rounds (issue 17 item 3)
+#   profile        rank 0's and rank 1's kernel timelines of one fwd+bwd at 16K, W=2 (issue 20)
+#   collective     nccl-tests built here, then impl=torch,torch_graph,nccl_tests in one sweep (issue 18)
+#   megatron_peer  megatron-core refit twin and in-harness peer at W=2, interleaved, MEG_ROUNDS (2) rounds (issue 17 item 2)
+#   train          llama3_8b dp2 and tp2 (selective AC, compile), dp2 with ac=none (issue 17)
+#   refit          tp2->tp1 collocated and tp1->tp1 non-collocated, every strategy x both impls (issue 17)
+#   fms            experiment=finetune_fms model=llama3_1b tp1,dp2, full and LoRA, compile off and on
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 WANDB_MODE=offline
+LEFT=${LEFT:-480}
+if [ -z "${CPU:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
+  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+  ATT=(benchmark.iters=5 benchmark.warmup=2 benchmark.t1_iters=2); S16=16384; S32=32768; S64=65536; S128=131072
+  TINY=(); TW=(); MEG=(); COLL=(benchmark.min_bytes=1048576 benchmark.max_bytes=1073741824 benchmark.dtype=float32)
+  NT_DIR=/tmp/nt; MHA=32; GQA=8; I3=ring,ulysses,torch_cp; I4=ring,torch_cp,allgather,ulysses; CPI=torch_cp
+else
+  export PYTHONPATH=$PWD
+  ATT=(model=tiny backend=gloo benchmark.dtype=float32 benchmark.iters=2 benchmark.warmup=1 benchmark.t1_iters=1)
+  S16=256; S32=512; S64=1024; S128=2048
+  TINY=(model=tiny backend=gloo); TW=(--device cpu --heads 8 --head-dim 8 --dtype float32); MEG=(--device cpu --tiny)
+  COLL=(benchmark.min_bytes=65536 benchmark.max_bytes=1048576)
+  NT_DIR=""; MHA=8; GQA=2; I3=ring,ulysses; I4=ring,allgather,ulysses; CPI=ring  # torch_cp runs on CUDA only
+fi
+R=$OUT/w; mkdir -p "$R"
+keep() { (cd "$OUT" && find w \( -name .sweepbench-cache -o -name "*.parquet" -o -name wandb -o -name "*.pt" -o -name .hydra \) \
+            -prune -exec rm -rf {} + 2>/dev/null; tar rf w.tar w && rm -rf w/*); }
+sb() { local name=$1 t=$2; shift 2; local t0=$SECONDS
+       timeout "$t" python3 -m sweepbench -m "$@" hydra.sweep.dir="$R/$name" > "$R/$name.log" 2>&1
+       echo "$name rc=$? $(grep -c ',ok,' "$R/$name/results.csv" 2>/dev/null) ok, wall $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"; }
+{ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader 2>/dev/null
+  python3 -c "import torch; print(torch.__version__, torch.cuda.nccl.version() if torch.cuda.is_available() else 'cpu')"; } > "$R/gpu.txt"
+cat "$R/gpu.txt"
+
+step_attn12() {
+  sb attn12 200 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$MHA "benchmark.seq_len=$S16,$S32,$S64" \
+     "benchmark.impl=$I4" "${ATT[@]}"; }
+step_attn_rest() {
+  sb attn_gqa8 200 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$GQA "benchmark.seq_len=$S16,$S32,$S64,$S128" \
+     "benchmark.impl=$I3" "${ATT[@]}"
+  sb attn_mha128k 100 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$MHA "benchmark.seq_len=$S128" \
+     "benchmark.impl=$I3" "${ATT[@]}"; }
+step_cp_peer() {  # twin, harness, twin, harness: both sides see the same drift of the machine
+  for r in 1 2; do
+    timeout 100 python3 bench/peers/torch_cp.py $S16 $S32 --nproc 2 "${TW[@]}" --warmup 3 --iters 10 \
+        --out "$R/torch_cp_twin_r$r.csv" > "$R/torch_cp_twin_r$r.log" 2>&1; echo "torch_cp twin r$r rc=$?" | tee -a "$OUT/steps.txt"
+    sb torch_cp_r$r 100 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$MHA benchmark.impl=$CPI \
+       "benchmark.seq_len=$S16,$S32" "${ATT[@]}" benchmark.iters=10 benchmark.warmup=3
+  done; }
+step_profile() {
+  local dev=(); [ -n "${CPU:-}" ] && dev=(--device cpu --heads 8 --head-dim 16 --dtype float32)
+  timeout 120 torchrun --nproc-per-node 2 bench/gpu/profile_attention.py --seq-len $S16 --impls $I3 \
+      --kv-heads $MHA "${dev[@]}" --out "$R/profile" > "$R/profile.log" 2>&1; echo "profile rc=$?" | tee -a "$OUT/steps.txt"
+  find "$R/profile" -name "*.json.gz" -delete 2>/dev/null; }   # the traces are large: their summaries come back
+step_collective() {
+  local nt=(); impls=torch
+  if [ -n "$NT_DIR" ]; then
+    wait "$BUILD" 2>/dev/null; echo "nccl-tests build rc=$? ($(tail -n 1 "$OUT/nccl_tests_build.log"))" | tee -a "$OUT/steps.txt"
+    nt=(benchmark.nccl_tests_dir=$NT_DIR); impls=torch,torch_graph,nccl_tests
+  fi
+  sb coll_vs_nccl_tests 150 benchmark=collective parallelism=tp2 "benchmark.ops=[all_reduce,all_gather,reduce_scatter,send_recv]" \
+     benchmark.step_factor=4 benchmark.warmup=5 benchmark.iters=20 benchmark.ops_per_sample=20 "benchmark.impl=$impls" \
+     "${COLL[@]}" "${nt[@]}" "${TINY[@]}"; }
+step_megatron_peer() {
+  local cases=("tp2->tp1 collocated" "tp1->tp1 non-collocated") harness=("parallelism=tp2 mode=collocated" "parallelism=tp1 mode=non_collocated")
+  for r in $(seq "${MEG_ROUNDS:-2}"); do for i in 0 1; do
+    [ $SECONDS -lt $LEFT ] || return
+    timeout 200 torchrun --nproc-per-node 2 bench/peers/megatron_refit.py "${MEG[@]}" --cases "${cases[$i]}" --iters 20 \
+        --out "$R/megatron${i}_twin_r$r.csv" > "$R/megatron${i}_twin_r$r.log" 2>&1; echo "megatron twin $i r$r rc=$?" | tee -a "$OUT/steps.txt"
+    sb megatron${i}_r$r 200 experiment=tp2-tp1 benchmark.inference=tp1 benchmark.impl=megatron benchmark.strategy=send_recv \
+       benchmark.warmup=2 benchmark.iters=20 ${harness[$i]} "${TINY[@]}"
+  done; done; }
+step_train() {
+  local c=(benchmark.compile=true) s=(benchmark.seq_len=8192 benchmark.warmup=3 benchmark.iters=10)
+  [ -n "${CPU:-}" ] && c=(benchmark.compile=false) && s=(benchmark.seq_len=128 benchmark.warmup=1 benchmark.iters=3)
+  sb train_8b 360 benchmark=train model=llama3_8b "parallelism=dp2,tp2" benchmark.ac=selective benchmark.precision=bf16 \
+     "${c[@]}" "${s[@]}" "${TINY[@]}"
+  sb train_8b_ac_none 200 benchmark=train model=llama3_8b parallelism=dp2 benchmark.ac=none benchmark.precision=bf16 \
+     "${c[@]}" "${s[@]}" "${TINY[@]}"; }
+step_refit() {
+  local st=send_recv,pipeline,ipc,broadcast,naive x=(benchmark.iters=10 launch.timeout_s=300)
+  [ -n "${CPU:-}" ] && st=send_recv,pipeline,broadcast,naive && x=(benchmark.iters=2 benchmark.warmup=1 benchmark.probe_bytes=65536)
+  sb refit_tp2-tp1 200 experiment=tp2-tp1 "benchmark.strategy=$st" "benchmark.impl=sweepbench,megatron" "${x[@]}" "${TINY[@]}"
+  sb refit_noncoll_tp1-tp1 200 experiment=tp2-tp1 parallelism=tp1 benchmark.inference=tp1 mode=non_collocated \
+     "benchmark.strategy=$st" "benchmark.impl=sweepbench,megatron" "${x[@]}" "${TINY[@]}"; }
+step_fms() {
+  local x=(); [ -n "${CPU:-}" ] && x=(model=tiny backend=gloo benchmark.seq_len=128 benchmark.micro_batch=1 benchmark.iters=2 benchmark.warmup=1 benchmark.compile=false)
+  sb fms_1b 300 experiment=finetune_fms model=llama3_1b "parallelism=tp1,dp2" "benchmark.lora_rank=0,16" benchmark.ac=none \
+     "benchmark.compile=false,true" benchmark.dp_shard=fsdp "${x[@]}"; }
+
+BUILD=""  # nccl-tests builds on the CPUs while the GPU steps before `collective` run
+if [ -n "$NT_DIR" ] && [[ " $* " == *" collective "* ]]; then
+  PYTHON=python3 JOBS=16 timeout 200 bash bench/peers/build_nccl_tests.sh .peers/nccl-tests "$NT_DIR" > "$OUT/nccl_tests_build.log" 2>&1 &
+  BUILD=$!
+fi
+for s in "$@"; do
+  if [ $SECONDS -ge "$LEFT" ]; then echo "$s: not started (${SECONDS} s >= LEFT=$LEFT)" | tee -a "$OUT/steps.txt"; continue; fi
+  echo "== $s at ${SECONDS} s"; "step_$s"; keep
+done
+cd "$OUT" && gzip -f w.tar && ls -la
