@@ -19,6 +19,12 @@
 #   train          llama3_8b dp2 and tp2 (selective AC, compile), dp2 with ac=none (issue 17)
 #   refit          tp2->tp1 collocated and tp1->tp1 non-collocated, every strategy x both impls (issue 17)
 #   fms            experiment=finetune_fms model=llama3_1b tp1,dp2, full and LoRA, compile off and on
+# and what the calls of 2026-11-26 (docs/results/h100x2/README.md) did not reach:
+#   attn_left      MHA 128K (ring / ulysses / torch_cp), Ulysses at 64K MHA and 128K GQA-8
+#   megatron_nc    the megatron peer and twin, tp1->tp1 non-collocated, interleaved (after its fix)
+#   refit_left     tp2->tp1 collocated: naive (both impls); megatron's broadcast row
+#   refit_moe      the MoE shape: ep2->ep1 (16 layers) and tp2->tp1 (8 layers, both impls)
+#   fms_compile    the FMS subset with compile=true
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 WANDB_MODE=offline
 LEFT=${LEFT:-480}
@@ -75,9 +81,9 @@ step_collective() {
   sb coll_vs_nccl_tests 150 benchmark=collective parallelism=tp2 "benchmark.ops=[all_reduce,all_gather,reduce_scatter,send_recv]" \
      benchmark.step_factor=4 benchmark.warmup=5 benchmark.iters=20 benchmark.ops_per_sample=20 "benchmark.impl=$impls" \
      "${COLL[@]}" "${nt[@]}" "${TINY[@]}"; }
-step_megatron_peer() {
+step_megatron_peer() {  # MEG_CASES: which of the two cases (default both)
   local cases=("tp2->tp1 collocated" "tp1->tp1 non-collocated") harness=("parallelism=tp2 mode=collocated" "parallelism=tp1 mode=non_collocated")
-  for r in $(seq "${MEG_ROUNDS:-2}"); do for i in 0 1; do
+  for r in $(seq "${MEG_ROUNDS:-2}"); do for i in ${MEG_CASES:-0 1}; do
     [ $SECONDS -lt $LEFT ] || return
     timeout 200 torchrun --nproc-per-node 2 bench/peers/megatron_refit.py "${MEG[@]}" --cases "${cases[$i]}" --iters 20 \
         --out "$R/megatron${i}_twin_r$r.csv" > "$R/megatron${i}_twin_r$r.log" 2>&1; echo "megatron twin $i r$r rc=$?" | tee -a "$OUT/steps.txt"
@@ -101,6 +107,30 @@ step_fms() {
   local x=(); [ -n "${CPU:-}" ] && x=(model=tiny backend=gloo benchmark.seq_len=128 benchmark.micro_batch=1 benchmark.iters=2 benchmark.warmup=1 benchmark.compile=false)
   sb fms_1b 300 experiment=finetune_fms model=llama3_1b "parallelism=tp1,dp2" "benchmark.lora_rank=0,16" benchmark.ac=none \
      "benchmark.compile=false,true" benchmark.dp_shard=fsdp "${x[@]}"; }
+step_attn_left() {
+  sb attn_mha128k 150 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$MHA "benchmark.seq_len=$S128" \
+     "benchmark.impl=$I3" "${ATT[@]}"
+  sb attn_ulysses_mha64k 60 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$MHA "benchmark.seq_len=$S64" \
+     benchmark.impl=ring,ulysses "${ATT[@]}"
+  sb attn_ulysses_gqa128k 100 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$GQA "benchmark.seq_len=$S128" \
+     benchmark.impl=ring,ulysses "${ATT[@]}"; }
+step_megatron_nc() { MEG_CASES=1 step_megatron_peer; }
+step_refit_left() {
+  local x=(benchmark.iters=10 launch.timeout_s=300)
+  [ -n "${CPU:-}" ] && x=(benchmark.iters=2 benchmark.warmup=1 benchmark.probe_bytes=65536)
+  sb refit_tp2-tp1_left 150 experiment=tp2-tp1 "benchmark.strategy=naive" "benchmark.impl=sweepbench,megatron" "${x[@]}" "${TINY[@]}"
+  sb refit_tp2-tp1_meg_broadcast 60 experiment=tp2-tp1 benchmark.strategy=broadcast benchmark.impl=megatron "${x[@]}" "${TINY[@]}"; }
+step_refit_moe() {  # the MoE preset at sizes 2 GPUs hold (bench/gpu/refit_2gpu.yaml)
+  local st=send_recv,pipeline,ipc,broadcast x1=(model.num_layers=16 launch.timeout_s=300) x2=(model.num_layers=8 launch.timeout_s=300)
+  if [ -n "${CPU:-}" ]; then st=send_recv,pipeline
+    x1=(model=tiny_moe model.num_layers=4 backend=gloo benchmark.iters=2 benchmark.warmup=1 benchmark.probe_bytes=65536); x2=("${x1[@]}"); fi
+  sb refit_moe_ep2-ep1 200 experiment=ep2-ep4 benchmark.inference=ep1 "benchmark.strategy=$st" benchmark.iters=10 "${x1[@]}"
+  sb refit_moe_tp2-tp1 200 experiment=ep2-ep4 parallelism=tp2 benchmark.inference=tp1 "benchmark.strategy=$st" \
+     "benchmark.impl=sweepbench,megatron" benchmark.iters=10 "${x2[@]}"; }
+step_fms_compile() {
+  local x=(); [ -n "${CPU:-}" ] && x=(model=tiny backend=gloo benchmark.seq_len=128 benchmark.micro_batch=1 benchmark.iters=2 benchmark.warmup=1)
+  sb fms_1b_compile 300 experiment=finetune_fms model=llama3_1b "parallelism=tp1,dp2" "benchmark.lora_rank=0,16" benchmark.ac=none \
+     benchmark.compile=true benchmark.dp_shard=fsdp "${x[@]}"; }
 
 BUILD=""  # nccl-tests builds on the CPUs while the GPU steps before `collective` run
 if [ -n "$NT_DIR" ] && [[ " $* " == *" collective "* ]]; then
