@@ -5,7 +5,8 @@
 #   bash bench/gpu/peers_interleaved.sh          # one GPU (kind nvidia-h200); carry .whl (../shared/device/wheels.sh
 #                                                # plus the megatron-core 0.19.2 wheel); results in $OUT/peers.tgz
 #   GPUS=2 bash bench/gpu/peers_interleaved.sh   # two GPUs (kind nvidia-h200-x2)
-#   CPU=1 OUT=/tmp/p bash bench/gpu/peers_interleaved.sh   # the same steps at a tiny size on gloo
+#   CPU=1 OUT=/tmp/p bash bench/gpu/peers_interleaved.sh   # the same steps at a tiny size on gloo (the
+#                                                          # harness side of torch CP as impl=ring: no CPU kernel)
 # GPUS=1: megatron-core's refit tp1->tp1 collocated and torch's context_parallel at W=1.
 # GPUS=2: tp2->tp1 collocated and tp1->tp1 non-collocated, torch CP at W=2 (issue 17 item 3).
 # Both at llama3_8b (16.1 GB of bf16 weights) and 32x128 MHA causal fwd+bwd, 16K and 32K.
@@ -13,17 +14,14 @@
 # Python's collector on while timing (bench/gpu/gc_probe); CP_ROUNDS (2) torch CP rounds.
 # Summary: python bench/gpu/peers_summary.py r --out peers.csv (r: the archive's folder).
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 WANDB_MODE=offline
+. bench/gpu/device_env.sh
 GPUS=${GPUS:-1}
 if [ -z "${CPU:-}" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
-  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
-  MEG=(); SB=(); TW=(); ATT=(model.num_kv_heads=32 benchmark.iters=10 benchmark.warmup=3 benchmark.t1_iters=2); SEQ=(16384 32768)
+  MEG=(); SB=(); TW=(); ATT=(model.num_kv_heads=32 benchmark.iters=10 benchmark.warmup=3 benchmark.t1_iters=2); SEQ=(16384 32768); CPI=torch_cp
   nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 else
-  export PYTHONPATH=$PWD
   MEG=(--device cpu --tiny); SB=(model=tiny backend=gloo); TW=(--device cpu --heads 8 --head-dim 8 --dtype float32)
-  ATT=(model=tiny backend=gloo benchmark.iters=3 benchmark.warmup=1 benchmark.t1_iters=1); SEQ=(256 512)
+  ATT=(model=tiny model.num_kv_heads=8 backend=gloo benchmark.iters=3 benchmark.warmup=1 benchmark.t1_iters=1); SEQ=(256 512); CPI=ring  # torch_cp runs on CUDA only
 fi
 if [ "$GPUS" = 1 ]; then
   CASES=("tp1->tp1 collocated"); HARNESS=("parallelism=tp1 mode=collocated")
@@ -52,7 +50,7 @@ for r in $(seq "$CP_ROUNDS"); do
   [ $SECONDS -lt $LEFT ] || break; echo "== torch CP W=$GPUS round $r"
   timeout 200 python3 bench/peers/torch_cp.py "${SEQ[@]}" --nproc "$GPUS" "${TW[@]}" --warmup 3 --iters 10 \
       --out $R/torch_cp_twin_r$r.csv 2>&1 | tail -n 3
-  sb experiment=attention_llama3 parallelism=cp$GPUS benchmark.impl=torch_cp \
+  sb experiment=attention_llama3 parallelism=cp$GPUS benchmark.impl=$CPI \
       benchmark.seq_len=$(IFS=,; echo "${SEQ[*]}") "${ATT[@]}" hydra.sweep.dir=$R/torch_cp_r$r
 done
 cd $OUT && find r \( -name wandb -o -name .hydra -o -name .sweepbench-cache \) -prune -exec rm -rf {} + ; tar czf peers.tgz r && rm -rf r && ls -la

@@ -26,16 +26,13 @@
 #   refit_moe      the MoE shape: ep2->ep1 (16 layers) and tp2->tp1 (8 layers, both impls)
 #   fms_compile    the FMS subset with compile=true
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 WANDB_MODE=offline
+. bench/gpu/device_env.sh
 LEFT=${LEFT:-480}
 if [ -z "${CPU:-}" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
-  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
   ATT=(benchmark.iters=5 benchmark.warmup=2 benchmark.t1_iters=2); S16=16384; S32=32768; S64=65536; S128=131072
   TINY=(); TW=(); MEG=(); COLL=(benchmark.min_bytes=1048576 benchmark.max_bytes=1073741824 benchmark.dtype=float32)
   NT_DIR=/tmp/nt; MHA=32; GQA=8; I3=ring,ulysses,torch_cp; I4=ring,torch_cp,allgather,ulysses; CPI=torch_cp
 else
-  export PYTHONPATH=$PWD
   ATT=(model=tiny backend=gloo benchmark.dtype=float32 benchmark.iters=2 benchmark.warmup=1 benchmark.t1_iters=1)
   S16=256; S32=512; S64=1024; S128=2048
   TINY=(model=tiny backend=gloo); TW=(--device cpu --heads 8 --head-dim 8 --dtype float32); MEG=(--device cpu --tiny)
