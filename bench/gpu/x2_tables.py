@@ -48,7 +48,7 @@ def attention(dirs: list[Path]) -> pd.DataFrame:
                 continue
             m = sweep / str(r.tag) / "metrics.json"
             c = json.loads(m.read_text())["results"]["cases"][0] if m.is_file() else {}
-            rows.append({"sweep": sweep.name, "impl": r.impl, "kv_heads": c.get("kv_heads", r.tag and _kv(sweep, r)),
+            rows.append({"sweep": sweep.name, "impl": r.impl, "kv_heads": c["kv_heads"] if c else _kv(sweep),
                          "seq_len": int(r.seq_len), "median_ms": r.total_median_ms,
                          "iqr_ms": c["iqr_s"] * 1e3 if c else float("nan"), "t1_ms": r.t1_ms,
                          "efficiency": r.efficiency, "exposed_comm": r.exposed_comm_fraction,
@@ -57,7 +57,7 @@ def attention(dirs: list[Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _kv(sweep: Path, row: object) -> int:
+def _kv(sweep: Path) -> int:
     """kv heads of a job without its metrics.json: the sweep's multirun.yaml override."""
     for line in (sweep / "multirun.yaml").read_text().splitlines():
         if "model.num_kv_heads=" in line:

@@ -55,7 +55,8 @@ step_attn12() {
 step_attn_rest() {
   sb attn_gqa8 200 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$GQA "benchmark.seq_len=$S16,$S32,$S64,$S128" \
      "benchmark.impl=$I3" "${ATT[@]}"
-  sb attn_mha128k 100 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$MHA "benchmark.seq_len=$S128" \
+  mha128k 100; }
+mha128k() { sb attn_mha128k "$1" experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$MHA "benchmark.seq_len=$S128" \
      "benchmark.impl=$I3" "${ATT[@]}"; }
 step_cp_peer() {  # twin, harness, twin, harness: both sides see the same drift of the machine
   for r in 1 2; do
@@ -100,13 +101,13 @@ step_refit() {
   sb refit_tp2-tp1 200 experiment=tp2-tp1 "benchmark.strategy=$st" "benchmark.impl=sweepbench,megatron" "${x[@]}" "${TINY[@]}"
   sb refit_noncoll_tp1-tp1 200 experiment=tp2-tp1 parallelism=tp1 benchmark.inference=tp1 mode=non_collocated \
      "benchmark.strategy=$st" "benchmark.impl=sweepbench,megatron" "${x[@]}" "${TINY[@]}"; }
-step_fms() {
-  local x=(); [ -n "${CPU:-}" ] && x=(model=tiny backend=gloo benchmark.seq_len=128 benchmark.micro_batch=1 benchmark.iters=2 benchmark.warmup=1 benchmark.compile=false)
-  sb fms_1b 300 experiment=finetune_fms model=llama3_1b "parallelism=tp1,dp2" "benchmark.lora_rank=0,16" benchmark.ac=none \
-     "benchmark.compile=false,true" benchmark.dp_shard=fsdp "${x[@]}"; }
+fms() {  # NAME COMPILE: the FMS subset (llama3_1b tp1,dp2, full and LoRA) with benchmark.compile=COMPILE
+  local x=(); [ -n "${CPU:-}" ] && x=(model=tiny backend=gloo benchmark.seq_len=128 benchmark.micro_batch=1 benchmark.iters=2 benchmark.warmup=1)
+  sb "$1" 300 experiment=finetune_fms model=llama3_1b "parallelism=tp1,dp2" "benchmark.lora_rank=0,16" benchmark.ac=none \
+     "benchmark.compile=$2" benchmark.dp_shard=fsdp "${x[@]}"; }
+step_fms() { fms fms_1b "$([ -n "${CPU:-}" ] && echo false || echo false,true)"; }
 step_attn_left() {
-  sb attn_mha128k 150 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$MHA "benchmark.seq_len=$S128" \
-     "benchmark.impl=$I3" "${ATT[@]}"
+  mha128k 150
   sb attn_ulysses_mha64k 60 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$MHA "benchmark.seq_len=$S64" \
      benchmark.impl=ring,ulysses "${ATT[@]}"
   sb attn_ulysses_gqa128k 100 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$GQA "benchmark.seq_len=$S128" \
@@ -124,10 +125,7 @@ step_refit_moe() {  # the MoE preset at sizes 2 GPUs hold (bench/gpu/refit_2gpu.
   sb refit_moe_ep2-ep1 200 experiment=ep2-ep4 benchmark.inference=ep1 "benchmark.strategy=$st" benchmark.iters=10 "${x1[@]}"
   sb refit_moe_tp2-tp1 200 experiment=ep2-ep4 parallelism=tp2 benchmark.inference=tp1 "benchmark.strategy=$st" \
      "benchmark.impl=sweepbench,megatron" benchmark.iters=10 "${x2[@]}"; }
-step_fms_compile() {
-  local x=(); [ -n "${CPU:-}" ] && x=(model=tiny backend=gloo benchmark.seq_len=128 benchmark.micro_batch=1 benchmark.iters=2 benchmark.warmup=1)
-  sb fms_1b_compile 300 experiment=finetune_fms model=llama3_1b "parallelism=tp1,dp2" "benchmark.lora_rank=0,16" benchmark.ac=none \
-     benchmark.compile=true benchmark.dp_shard=fsdp "${x[@]}"; }
+step_fms_compile() { fms fms_1b_compile true; }
 
 BUILD=""  # nccl-tests builds on the CPUs while the GPU steps before `collective` run
 if [ -n "$NT_DIR" ] && [[ " $* " == *" collective "* ]]; then
