@@ -126,6 +126,8 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
     # verify once, before any time counts: the output and gradients of one forward and backward
     with opened():
         out = total(comm)().detach()
+    _sync(device)
+    phase_s["verify_first_run"] = time.perf_counter() - tic  # part of verify: the first fwd+bwd of this process
     got = [out, *(x.grad for x in leaves)] if backward else [out]
     errors = []
     for name, x, want in zip(("out", "dq", "dk", "dv"), got, reference or [None] * len(got)):
@@ -216,7 +218,7 @@ def _report(v: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
         "t1_backends": {n: s["median_s"] for n, s in v["t1_stats"].items()},
         "t1_refused": v["t1"]["refused"],  # backend -> why it cannot run this case (its probe failed or died)
         "t1_reused": v["t1_reused"], "reference_reused": v["t1_reused"],  # from an earlier job of the sweep
-        "t1_iters": v["t1_iters"], "phase_s": v["phase_s"],  # wall seconds of T1+reference, verify, timing
+        "t1_iters": v["t1_iters"], "phase_s": v["phase_s"],  # wall seconds of T1+reference, verify (its first run), timing
         # an impl with a context (torch_cp): entered once around each loop, warm-up and timed iterations
         "context_entries": len(v["context_entries"]) if spec.context else None,
         "context_entry_s": statistics.median(v["context_entries"]) if spec.context else None,

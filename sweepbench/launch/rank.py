@@ -64,6 +64,18 @@ def die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="sweepbench-parent-watchdog", daemon=True).start()
 
 
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux's /proc; None elsewhere): the interpreter's
+    start and the imports before a rank's work, which no timer inside the process sees begin."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        start_ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime, after pid and (comm)
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def rank_device(backend: str, local_rank: int) -> "torch.device":
     import torch
 
@@ -92,6 +104,7 @@ def run_rank(
     from sweepbench.measure import progress
     from sweepbench.measure.memory import memory_peaks, reset_peaks
 
+    started_s = process_age_s()
     tic = time.monotonic()
     backend = resolve_backend(cfg.backend.name)
     device = rank_device(backend, local_rank)
@@ -103,7 +116,8 @@ def run_rank(
         timeout=timedelta(seconds=cfg.launch.timeout_s),
         device_id=device if device.type == "cuda" else None,
     )
-    print(f"rank {rank}/{world_size}: process group up ({pg_backend} on {device}) in {time.monotonic() - tic:.1f}s",
+    group_up = time.monotonic()
+    print(f"rank {rank}/{world_size}: process group up ({pg_backend} on {device}) in {group_up - tic:.1f}s",
           flush=True)
     # No try/finally around the group: a rank that fails leaves its group to its own exit. Destroying
     # it first would close the peers' connections before this rank has reported its error, and a
@@ -114,6 +128,7 @@ def run_rank(
     maybe_inject_fault(cfg, rank)
     reset_peaks(device)
     result = get_benchmark(cfg.benchmark.name)(ctx).run()
+    ran = time.monotonic()
     memory = [None] * world_size
     dist.all_gather_object(memory, memory_peaks(device))
     dist.barrier()
@@ -122,8 +137,11 @@ def run_rank(
           f"({progress.cases_done() if rank == 0 else '-'} cases reported), verified={result.verified}", flush=True)
     if rank != 0:
         return None
+    # where rank 0's part of the job's wall time went (recorder.WALL_PHASES)
+    phases = {"start": started_s, "process_group": group_up - tic, "benchmark": ran - group_up,
+              "teardown": time.monotonic() - ran}
     return {"result": asdict(result), "memory_per_rank": memory, "backend": backend,
-            "device": str(device.type)}
+            "device": str(device.type), "phases_s": {k: v for k, v in phases.items() if v is not None}}
 
 
 def _store_sink(store: "dist.Store", key: str) -> "Sink":

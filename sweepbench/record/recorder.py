@@ -44,6 +44,25 @@ def timed_seconds(cases: list[dict[str, Any]], *, ops_per_sample: int = 1) -> fl
     return total
 
 
+# where a job's wall time goes (and how the sweep's summary names it), in order: rank 0's
+# interpreter start and imports, its process group, the benchmark (set-up, verification, warm-up,
+# timing), the teardown (memory peaks, barrier, group destroyed), and the rest: launching the
+# ranks, rank 0's environment capture and payload, the driver's wait (under SLURM, from the job's
+# start: its queue is not wall time)
+WALL_PHASES = {"start": "rank start-up (interpreter, imports)", "process_group": "process groups",
+               "benchmark": "benchmarks (set-up, verification, warm-up, timing)", "teardown": "teardown",
+               "rest": "launch and record"}
+
+
+def wall_phases(phases: Any, wall_time_s: float) -> dict[str, float] | None:
+    """``wall_phases_s``: rank 0's phases (its payload's ``phases_s``) and the rest of the job's
+    wall time; None when rank 0 reported none (a failed job, a record older than them)."""
+    if not isinstance(phases, dict):
+        return None
+    known = {k: float(phases[k]) for k in WALL_PHASES if k != "rest" and isinstance(phases.get(k), (int, float))}
+    return {**known, "rest": max(0.0, wall_time_s - sum(known.values()))}
+
+
 def _utc(stamp: float) -> str:
     return dt.datetime.fromtimestamp(stamp, tz=dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -83,6 +102,7 @@ def build_metrics(cfg: DictConfig, outcome: JobOutcome, *, tag: str, world_size:
         # verification are the rest)
         "timed_s": timed,
         "measuring_fraction": timed / wall_time_s if wall_time_s > 0 else None,
+        "wall_phases_s": wall_phases(outcome.payload.get("phases_s"), wall_time_s),
         "started_at": _utc(now - wall_time_s), "finished_at": _utc(now),
     }
 

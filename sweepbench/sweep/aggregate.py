@@ -3,7 +3,7 @@ earlier invocation left there), from each job's metrics.json, to results.csv/.pa
 ``resumed`` (skipped: already ok) and ``this_run`` (launched by this invocation) say which is which.
 
 ``timed_s`` / ``measuring_fraction``: the seconds of the job's timed samples and their share of
-its wall time. A job of rounds (``sweep.repeats``) has one row: its headline numbers are the
+its wall time; ``wall_<phase>_s``: where that wall time went (``recorder.WALL_PHASES``). A job of rounds (``sweep.repeats``) has one row: its headline numbers are the
 median across rounds (see ``sweep.rounds``), ``repeats`` says how many rounds it ran and
 ``<key>_rounds`` lists every round's value of each ``*_median_s`` headline number."""
 
@@ -17,7 +17,7 @@ import pandas as pd
 
 from sweepbench.record.atomic import read_json, write_atomic
 from sweepbench.record import METRICS_FILE
-from sweepbench.record.recorder import sample_ops, timed_seconds
+from sweepbench.record.recorder import WALL_PHASES, sample_ops, timed_seconds
 from sweepbench.sweep.rounds import unit_dir
 
 CONFIG_COLUMNS = {
@@ -69,7 +69,9 @@ def _measuring(metrics: dict[str, Any]) -> dict[str, Any]:
         timed = timed_seconds(results.get("cases") or [], ops_per_sample=sample_ops(results))
     wall = metrics.get("wall_time_s")
     fraction = timed / wall if timed is not None and wall else None
-    return {"timed_s": timed, "measuring_fraction": fraction}
+    phases = metrics.get("wall_phases_s") or {}
+    return {"timed_s": timed, "measuring_fraction": fraction,
+            **{f"wall_{k}_s": phases.get(k) for k in WALL_PHASES}}
 
 
 def _round_columns(sweep_dir: Path, metrics: dict[str, Any]) -> dict[str, Any]:

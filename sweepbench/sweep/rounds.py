@@ -11,7 +11,8 @@ combined record, which readers (results.csv, the report, compare) read like any 
   median and fastest sample of that case (``compare`` judges on the second);
 * each summary number the median across the rounds of that number;
 * status ``ok`` only when every round is ok (else the first bad round's status and error);
-* ``wall_time_s`` and ``timed_s`` summed over the rounds, ``rounds``: one line per round.
+* ``wall_time_s``, ``timed_s`` and each of ``wall_phases_s`` summed over the rounds,
+  ``rounds``: one line per round.
 
 With ``sweep.repeats=1`` (the default) none of this exists: the job writes ``<tag>/`` itself."""
 
@@ -97,6 +98,9 @@ def combine_rounds(records: list[dict[str, Any] | None], *, crashed: dict[int, s
     })
     combined["measuring_fraction"] = (combined["timed_s"] / combined["wall_time_s"]
                                       if combined["wall_time_s"] else None)
+    phases = [m.get("wall_phases_s") for m in present]
+    combined["wall_phases_s"] = ({k: sum(p[k] for p in phases) for k in phases[0] if all(k in p for p in phases)}
+                                 if phases and all(isinstance(p, dict) for p in phases) else None)
     if bad is None:
         combined["results"] = {**present[0]["results"], "summary": _combined_summary(present),
                                "cases": _combined_cases(present)}

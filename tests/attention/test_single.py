@@ -76,6 +76,12 @@ def test_t1_and_reference_reused_in_the_sweep_and_remeasured_under_force(tmp_pat
     assert meta["key"]["seq_len"] == 64 and meta["key"]["torch"] and (entry / "reference.pt").is_file()
     rows = first.results()
     assert sorted(rows["t1_reused"]) == [0.0, 1.0]
+    for case in cases.values():  # where each job's case spent its time; the reused T1 costs less
+        phases = case["phase_s"]
+        assert set(phases) == {"t1_and_reference", "verify", "verify_first_run", "timing"}, phases
+        assert 0 < phases["verify_first_run"] <= phases["verify"]
+    assert measured["phase_s"]["t1_and_reference"] > next(c for c in cases.values() if c["t1_reused"])["phase_s"][
+        "t1_and_reference"]
 
     again = run_sweepbench([*args, "sweep.force=true"], sweep_dir=tmp_path / "sweep")
     assert again.rc == 0, again.describe()

@@ -155,6 +155,7 @@ def test_failed_outcome_keeps_its_error(compose) -> None:
     assert (m["status"], m["error"], m["verified"], m["results"]) == ("timeout", "job exceeded launch.timeout_s=1s",
                                                                       False, {})
     assert m["backend"] == resolve_backend("auto") and m["overrides"] == ["parallelism=tp2"] and m["wall_time_s"] == 1.5
+    assert m["wall_phases_s"] is None  # no rank reported where its time went: nothing is made up
 
 
 def test_a_killed_write_leaves_nothing_for_the_next_launch(tmp_path: Path) -> None:

@@ -1,10 +1,11 @@
 """sweep.repeats on real sweeps: rounds interleaved across jobs, one results.csv row per job with
 the rounds' medians, a stop in the middle of a round resumed by running only the missing rounds,
-sweep.force rerunning every round, and the measuring fraction."""
+sweep.force rerunning every round, the measuring fraction and where the wall time went."""
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from sweepbench.record.recorder import WALL_PHASES
 from tests.conftest import TINY, base_env, run_sweepbench
 
 # two jobs (they differ in iters), one rank each: the cheapest sweep with two jobs
@@ -114,12 +116,25 @@ def test_results_csv_has_one_row_per_job_with_the_rounds_medians(rounds_runs: di
         assert row["timed_s"] == pytest.approx(sum(timed))
         assert row["measuring_fraction"] == pytest.approx(sum(timed) / sum(walls)) and 0 < row["measuring_fraction"] < 1
         combined = rounds_runs["after_resume"]["combined"][row["tag"]]
+        # where each round's wall time went: rank 0's phases and the rest, adding up to the round's
+        # wall time; a fresh interpreter importing torch takes a good part of a second to start
+        phases = [rounds[row["tag"]][r]["wall_phases_s"] for r in (1, 2)]
+        for phase, wall in zip(phases, walls):
+            assert list(phase) == sorted(WALL_PHASES) and min(phase.values()) >= 0, phase
+            assert sum(phase.values()) == pytest.approx(wall) and phase["start"] > 0.2 and phase["benchmark"] > 0
+        for key in WALL_PHASES:  # a job of rounds: each phase summed over them, in the record and the row
+            assert combined["wall_phases_s"][key] == pytest.approx(sum(p[key] for p in phases))
+            assert row[f"wall_{key}_s"] == pytest.approx(combined["wall_phases_s"][key])
         (case,) = combined["results"]["cases"]
         medians = [rounds[row["tag"]][r]["results"]["cases"][0]["median_s"] for r in (1, 2)]
         assert case["round_medians_s"] == medians
         assert case["median_s"] == min(medians)  # the case of the median round (the lower of 2)
         assert [line["round"] for line in combined["rounds"]] == [1, 2]
     assert "measuring fraction" in rounds_runs["resumed"].stdout
+    went = re.search(r"job wall time went to rank start-up \(interpreter, imports\) ([\d.]+) s, process groups "
+                     r"[\d.]+ s, benchmarks \(set-up, verification, warm-up, timing\) ([\d.]+) s, teardown [\d.]+ s, "
+                     r"launch and record [\d.]+ s", rounds_runs["resumed"].stdout)
+    assert went and float(went.group(1)) > 0 and float(went.group(2)) > 0, rounds_runs["resumed"].stdout
 
 
 def test_force_reruns_every_round(rounds_runs: dict[str, Any]) -> None:
