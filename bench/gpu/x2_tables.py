@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from sweepbench.record.recorder import WALL_PHASES
+
 
 def jobs(sweep: Path) -> list[dict]:
     """metrics.json of every job of a sweep, in the order results.csv lists them."""
@@ -47,13 +49,17 @@ def attention(dirs: list[Path]) -> pd.DataFrame:
             if r.status != "ok":
                 continue
             m = sweep / str(r.tag) / "metrics.json"
-            c = json.loads(m.read_text())["results"]["cases"][0] if m.is_file() else {}
+            record = json.loads(m.read_text()) if m.is_file() else {}
+            c = record["results"]["cases"][0] if record else {}
+            # where the job's wall time (records from 0a056c5 on) and its case's went
+            went = {**{f"wall_{k}_s": v for k, v in (record.get("wall_phases_s") or {}).items()},
+                    **{f"case_{k}_s": v for k, v in (c.get("phase_s") or {}).items()}}
             rows.append({"sweep": sweep.name, "impl": r.impl, "kv_heads": c["kv_heads"] if c else _kv(sweep),
                          "seq_len": int(r.seq_len), "median_ms": r.total_median_ms,
                          "iqr_ms": c["iqr_s"] * 1e3 if c else float("nan"), "t1_ms": r.t1_ms,
                          "efficiency": r.efficiency, "exposed_comm": r.exposed_comm_fraction,
-                         "context_entry_ms": r.context_entry_ms, "t1_reused": bool(r.t1_reused),
-                         "job_wall_s": r.wall_time_s, "timed_s": r.timed_s})
+                         "context_entry_ms": getattr(r, "context_entry_ms", float("nan")), "t1_reused": bool(r.t1_reused),
+                         "job_wall_s": r.wall_time_s, "timed_s": r.timed_s, **went})
     return pd.DataFrame(rows)
 
 
@@ -182,6 +188,12 @@ def main() -> int:
                            "tokens_per_s_per_gpu", "mem_torch_peak_reserved_gib", "loss_first", "loss_last",
                            "wall_time_s"]), t.round(3)),
     }
+    order = [f"wall_{k}_s" for k in WALL_PHASES] + [f"case_{k}_s" for k in ("t1_and_reference", "verify",
+                                                                              "verify_first_run", "timing")]
+    went = [c for c in order if c in att.columns]
+    if went:  # where the attention jobs' wall time went (issue 18 section 3)
+        tables["attention_phases"] = (att[["sweep", "impl", "seq_len", "t1_reused", "job_wall_s", *went]],
+                                      att[["sweep", "impl", "seq_len", "t1_reused", "job_wall_s", *went]].round(2))
     for name, (data, table) in tables.items():
         if len(data):
             data.to_csv(a.out / f"{name}.csv", index=False)
