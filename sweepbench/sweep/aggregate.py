@@ -3,9 +3,10 @@ earlier invocation left there), from each job's metrics.json, to results.csv/.pa
 ``resumed`` (skipped: already ok) and ``this_run`` (launched by this invocation) say which is which.
 
 ``timed_s`` / ``measuring_fraction``: the seconds of the job's timed samples and their share of
-its wall time; ``wall_<phase>_s``: where that wall time went (``recorder.WALL_PHASES``). A job of rounds (``sweep.repeats``) has one row: its headline numbers are the
-median across rounds (see ``sweep.rounds``), ``repeats`` says how many rounds it ran and
-``<key>_rounds`` lists every round's value of each ``*_median_s`` headline number."""
+its wall time; ``wall_<phase>_s``: where that wall time went (``recorder.WALL_PHASES``). A job of
+rounds (``sweep.repeats``) has one row: its headline numbers are the median across rounds (see
+``sweep.rounds``), ``repeats`` says how many rounds it ran and ``<key>_rounds`` lists every
+round's value of each ``*_median_s`` headline number."""
 
 from __future__ import annotations
 
