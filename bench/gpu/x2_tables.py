@@ -192,8 +192,8 @@ def main() -> int:
                                                                               "verify_first_run", "timing")]
     went = [c for c in order if c in att.columns]
     if went:  # where the attention jobs' wall time went (issue 18 section 3)
-        tables["attention_phases"] = (att[["sweep", "impl", "seq_len", "t1_reused", "job_wall_s", *went]],
-                                      att[["sweep", "impl", "seq_len", "t1_reused", "job_wall_s", *went]].round(2))
+        phases = att[["sweep", "impl", "seq_len", "t1_reused", "job_wall_s", *went]]
+        tables["attention_phases"] = (phases, phases.round(2))
     for name, (data, table) in tables.items():
         if len(data):
             data.to_csv(a.out / f"{name}.csv", index=False)

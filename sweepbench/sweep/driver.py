@@ -197,9 +197,9 @@ def print_measuring_fraction(table: Any) -> None:
     spread = f"; per job {each.min():.1%} to {each.max():.1%}" if len(each) > 1 else ""
     print(f"sweepbench: measuring fraction {timed / wall:.1%}: {timed:.2f} s timed of {wall:.1f} s job wall "
           f"time ({len(ran)} jobs ok this run{spread})")
-    went = [(name, ran[f"wall_{key}_s"].dropna()) for key, name in WALL_PHASES.items() if f"wall_{key}_s" in ran]
-    if went and all(len(v) == len(ran) for _, v in went):  # every job told where its time went
-        print("sweepbench: job wall time went to " + ", ".join(f"{name} {v.sum():.1f} s" for name, v in went))
+    went = {name: ran[f"wall_{key}_s"] for key, name in WALL_PHASES.items()}  # aggregate writes them with timed_s
+    if all(v.notna().all() for v in went.values()):  # every job told where its time went
+        print("sweepbench: job wall time went to " + ", ".join(f"{name} {v.sum():.1f} s" for name, v in went.items()))
 
 
 def _crash_message(job_return: Any) -> str:

@@ -1,8 +1,7 @@
 """compare on real sweeps of three rounds each: the same config twice (run side by side) is not
-`slower`; a job
-slowed down by a known factor inside its timed region (fault.kind=slow fault.factor=3) is, against
-its clean twin, judged on the rounds. Sweeps without rounds are judged on samples, and the
-output says that process-to-process noise is not covered."""
+`slower`; a job slowed down by a known factor inside its timed region (fault.kind=slow
+fault.factor=3) is, against its clean twin, judged on the rounds. Sweeps without rounds are judged
+on samples, and the output says that process-to-process noise is not covered."""
 
 from __future__ import annotations
 
@@ -28,26 +27,22 @@ def test_same_config_twice_is_not_slower(compare_sweeps: dict[str, SweepRun], tm
     rc, table, stdout = _compare(compare_sweeps["twin_a"], compare_sweeps["twin_b"], tmp_path, "--fail-on-regression")
     assert len(table) == 1, stdout  # one job, one case, joined by config (same tag)
     row = table.iloc[0]
-    assert row["baseline_tag"] == row["candidate_tag"] == _tag(compare_sweeps["base"])
+    (tag,) = compare_sweeps["base"].all_metrics()
+    assert row["baseline_tag"] == row["candidate_tag"] == tag
     assert row["verdict"] in ("unchanged", "~"), row.to_dict()
     assert row["basis"] == "rounds" and row["n_baseline"] == row["n_candidate"] == COMPARE_ROUNDS
     assert rc == 0 and "process-to-process noise" not in stdout
     assert "ran apart" not in stdout  # their rounds overlapped in time: no note
 
 
-def _tag(run: SweepRun) -> str:
-    (metrics,) = run.sweep_dir.glob("*/metrics.json")
-    return metrics.parent.name
-
-
 def test_sweeps_run_apart_are_said_to_miss_the_machine_between_them(compare_sweeps: dict[str, SweepRun],
                                                                     tmp_path: Path) -> None:
     """base and slow ran one after the other: their rounds did not interleave, and compare says
     so, with when each ran; a sweep against itself (the same rounds) gets no such note."""
-    base, twin = compare_sweeps["base"], compare_sweeps["slow"]
-    _, _, stdout = _compare(base, twin, tmp_path / "apart")
+    base, later = compare_sweeps["base"], compare_sweeps["slow"]
+    _, _, stdout = _compare(base, later, tmp_path / "apart")
     (metrics_b,), (metrics_t,) = ([json.loads(p.read_text()) for p in run.sweep_dir.glob("*/metrics.json")]
-                                  for run in (base, twin))
+                                  for run in (base, later))
     assert metrics_b["finished_at"] <= metrics_t["started_at"]
     note = re.search(r"note: the sweeps ran apart \((\S+ [\d:]+)-([\d:]+) UTC and (\S+ [\d:]+)-([\d:]+) UTC\)", stdout)
     assert note, stdout
