@@ -25,6 +25,10 @@
 #   refit_left     tp2->tp1 collocated: naive (both impls); megatron's broadcast row
 #   refit_moe      the MoE shape: ep2->ep1 (16 layers) and tp2->tp1 (8 layers, both impls)
 #   fms_compile    the FMS subset with compile=true
+# and attn_left in parts (for x4_wave.sh's streams), and the 4-GPU step:
+#   mha128k        MHA 128K, ring / ulysses / torch_cp
+#   ulysses_left   Ulysses at 64K MHA and 128K GQA-8 (ring beside it)
+#   usp4           W=4 (all four GPUs): usp / ring / ulysses, MHA and GQA-8 at 32K, MHA at 64K (issue 20)
 set -u
 . bench/gpu/device_env.sh
 LEFT=${LEFT:-480}
@@ -67,7 +71,7 @@ step_cp_peer() {  # twin, harness, twin, harness: both sides see the same drift 
   done; }
 step_profile() {
   local dev=(); [ -n "${CPU:-}" ] && dev=(--device cpu --heads 8 --head-dim 16 --dtype float32)
-  timeout 120 torchrun --nproc-per-node 2 bench/gpu/profile_attention.py --seq-len $S16 --impls $I3 \
+  timeout 120 torchrun --standalone --nproc-per-node 2 bench/gpu/profile_attention.py --seq-len $S16 --impls $I3 \
       --kv-heads $MHA "${dev[@]}" --out "$R/profile" > "$R/profile.log" 2>&1; echo "profile rc=$?" | tee -a "$OUT/steps.txt"
   find "$R/profile" -name "*.json.gz" -delete 2>/dev/null; }   # the traces are large: their summaries come back
 step_collective() {
@@ -83,7 +87,7 @@ step_megatron_peer() {  # MEG_CASES: which of the two cases (default both)
   local cases=("tp2->tp1 collocated" "tp1->tp1 non-collocated") harness=("parallelism=tp2 mode=collocated" "parallelism=tp1 mode=non_collocated")
   for r in $(seq "${MEG_ROUNDS:-2}"); do for i in ${MEG_CASES:-0 1}; do
     [ $SECONDS -lt $LEFT ] || return
-    timeout 200 torchrun --nproc-per-node 2 bench/peers/megatron_refit.py "${MEG[@]}" --cases "${cases[$i]}" --iters 20 \
+    timeout 200 torchrun --standalone --nproc-per-node 2 bench/peers/megatron_refit.py "${MEG[@]}" --cases "${cases[$i]}" --iters 20 \
         --out "$R/megatron${i}_twin_r$r.csv" > "$R/megatron${i}_twin_r$r.log" 2>&1; echo "megatron twin $i r$r rc=$?" | tee -a "$OUT/steps.txt"
     sb megatron${i}_r$r 200 experiment=tp2-tp1 benchmark.inference=tp1 benchmark.impl=megatron benchmark.strategy=send_recv \
        benchmark.warmup=2 benchmark.iters=20 ${harness[$i]} "${TINY[@]}"
@@ -106,12 +110,18 @@ fms() {  # NAME COMPILE: the FMS subset (llama3_1b tp1,dp2, full and LoRA) with 
   sb "$1" 300 experiment=finetune_fms model=llama3_1b "parallelism=tp1,dp2" "benchmark.lora_rank=0,16" benchmark.ac=none \
      "benchmark.compile=$2" benchmark.dp_shard=fsdp "${x[@]}"; }
 step_fms() { fms fms_1b "$([ -n "${CPU:-}" ] && echo false || echo false,true)"; }
-step_attn_left() {
-  mha128k 150
+step_mha128k() { mha128k 150; }
+step_ulysses_left() {
   sb attn_ulysses_mha64k 60 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$MHA "benchmark.seq_len=$S64" \
      benchmark.impl=ring,ulysses "${ATT[@]}"
   sb attn_ulysses_gqa128k 100 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$GQA "benchmark.seq_len=$S128" \
      benchmark.impl=ring,ulysses "${ATT[@]}"; }
+step_attn_left() { step_mha128k; step_ulysses_left; }
+step_usp4() {
+  sb attn_usp4_32k 150 experiment=attention_llama3 parallelism=cp4 "benchmark.impl=usp,ring,ulysses" "model.num_kv_heads=$MHA,$GQA" \
+     "benchmark.seq_len=$S32" "${ATT[@]}"
+  sb attn_usp4_mha64k 100 experiment=attention_llama3 parallelism=cp4 "benchmark.impl=usp,ring,ulysses" model.num_kv_heads=$MHA \
+     "benchmark.seq_len=$S64" "${ATT[@]}"; }
 step_megatron_nc() { MEG_CASES=1 step_megatron_peer; }
 step_refit_left() {
   local x=(benchmark.iters=10 launch.timeout_s=300)
