@@ -3,7 +3,7 @@ bench/gpu/x2_wave2.sh brought back (its archives unpacked into one or more folde
 
     python bench/gpu/x2_tables.py OUT_DIR W_DIR [W_DIR ...]
 
-Writes OUT_DIR/{attention_cp2,torch_cp_peer_vs_twin,megatron_peer_vs_twin,collective_vs_nccl_tests,
+Writes OUT_DIR/{attention_cp2,attention_cp4,torch_cp_peer_vs_twin,megatron_peer_vs_twin,collective_vs_nccl_tests,
 train,refit,fms}.csv for what the folders hold, and prints each table in Markdown (the page's tables
 are these, pasted). Every number comes from a verified job's metrics.json or a twin's CSV."""
 
@@ -44,7 +44,8 @@ def attention(dirs: list[Path]) -> pd.DataFrame:
     """One row per verified job; where a job's metrics.json did not come back (a call cut off before
     its archive was written), its results.csv row (no IQR)."""
     rows = []
-    for sweep in [*find(dirs, "attn12"), *find(dirs, "attn_gqa8"), *find(dirs, "attn_mha128k")]:
+    sweeps = sorted({d / f.parent.name for d in dirs for f in d.glob("attn*/results.csv")})  # every attention step
+    for sweep in sweeps:
         for r in pd.read_csv(sweep / "results.csv").itertuples():
             if r.status != "ok":
                 continue
@@ -54,7 +55,7 @@ def attention(dirs: list[Path]) -> pd.DataFrame:
             # where the job's wall time (records from 0a056c5 on) and its case's went
             went = {**{f"wall_{k}_s": v for k, v in (record.get("wall_phases_s") or {}).items()},
                     **{f"case_{k}_s": v for k, v in (c.get("phase_s") or {}).items()}}
-            rows.append({"sweep": sweep.name, "impl": r.impl, "kv_heads": c["kv_heads"] if c else _kv(sweep),
+            rows.append({"sweep": sweep.name, "impl": r.impl, "world_size": int(r.world_size), "kv_heads": c["kv_heads"] if c else _kv(sweep),
                          "seq_len": int(r.seq_len), "median_ms": r.total_median_ms,
                          "iqr_ms": c["iqr_s"] * 1e3 if c else float("nan"), "t1_ms": r.t1_ms,
                          "efficiency": r.efficiency, "exposed_comm": r.exposed_comm_fraction,
@@ -77,12 +78,16 @@ def attention_table(df: pd.DataFrame) -> pd.DataFrame:
         by = {r.impl: r for r in g.itertuples()}
         ring = by.get("ring")
         row = {"heads (kv)": f"32 ({kv})", "tokens": f"{seq // 1024}K"}
-        for impl in ("ring", "ulysses", "torch_cp", "allgather"):
+        for impl in ("ring", "ulysses", "usp", "torch_cp", "allgather"):
             r = by.get(impl)
+            if impl == "usp" and not any(i == "usp" for i in df.impl):
+                continue  # the hybrid runs at W=4 only
             iqr = "" if r is None or pd.isna(r.iqr_ms) else f" ±{r.iqr_ms:.2f}"
             row[impl] = f"{r.median_ms:.2f} ms{iqr}, {r.efficiency:.3f}" if r else "-"
-        for impl in ("ulysses", "torch_cp"):
+        for impl in ("ulysses", "usp", "torch_cp"):
             r = by.get(impl)
+            if impl == "usp" and "usp" not in row:
+                continue
             row[f"{impl} / ring"] = f"{r.median_ms / ring.median_ms:.3f}×" if r and ring else "-"
         row["exposed comm (ring)"] = f"{ring.exposed_comm:.1%}" if ring else "-"
         out.append(row)
@@ -172,7 +177,7 @@ def main() -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     att = attention(a.dirs)
     tables = {
-        "attention_cp2": (att, attention_table(att) if len(att) else att),
+        **{f"attention_cp{w}": (g, attention_table(g)) for w, g in (att.groupby("world_size") if len(att) else [])},
         "torch_cp_peer_vs_twin": (t := torch_cp(a.dirs), t.round(3)),
         "megatron_peer_vs_twin": (t := megatron(a.dirs), t.round(3)),
         "collective_vs_nccl_tests": (c := collective(a.dirs), collective_table(c) if "torch_ratio" in c else c),
@@ -180,10 +185,11 @@ def main() -> int:
                             ["parallelism", "ac", "compile", "status", "step_median_s", "step_iqr_s", "mfu_pct",
                              "tokens_per_s_per_gpu", "mem_torch_peak_reserved_gib", "mem_alloc_retries", "loss_first",
                              "loss_last", "verified", "wall_time_s"]), t.round(3)),
-        "refit": (t := flat(a.dirs, ["refit_tp2-tp1", "refit_noncoll_tp1-tp1"],
+        "refit": (t := flat(a.dirs, ["refit_tp2-tp1", "refit_noncoll_tp1-tp1", "refit_tp2-tp1_left",
+                                     "refit_tp2-tp1_meg_broadcast", "refit_moe_ep2-ep1", "refit_moe_tp2-tp1"],
                             ["mode", "parallelism", "inference", "strategy", "impl", "status", "refit_median_s",
                              "refit_iqr_s", "refit_link_floor_s", "verified", "error"]), t.round(5)),
-        "fms": (t := flat(a.dirs, ["fms", "fms_1b"],
+        "fms": (t := flat(a.dirs, ["fms", "fms_1b", "fms_1b_compile"],
                           ["parallelism", "lora_rank", "ac", "compile", "status", "step_median_s", "step_iqr_s", "mfu_pct",
                            "tokens_per_s_per_gpu", "mem_torch_peak_reserved_gib", "loss_first", "loss_last",
                            "wall_time_s"]), t.round(3)),
