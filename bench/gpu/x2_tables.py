@@ -177,7 +177,8 @@ def main() -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     att = attention(a.dirs)
     tables = {
-        **{f"attention_cp{w}": (g, attention_table(g)) for w, g in (att.groupby("world_size") if len(att) else [])},
+        **{f"attention_cp{w}": (g, attention_table(g))  # launch.preload=false's rerun: in the phases alone
+           for w, g in (att[~att.sweep.str.endswith("_fresh")].groupby("world_size") if len(att) else [])},
         "torch_cp_peer_vs_twin": (t := torch_cp(a.dirs), t.round(3)),
         "megatron_peer_vs_twin": (t := megatron(a.dirs), t.round(3)),
         "collective_vs_nccl_tests": (c := collective(a.dirs), collective_table(c) if "torch_ratio" in c else c),
@@ -186,7 +187,8 @@ def main() -> int:
                              "tokens_per_s_per_gpu", "mem_torch_peak_reserved_gib", "mem_alloc_retries", "loss_first",
                              "loss_last", "verified", "wall_time_s"]), t.round(3)),
         "refit": (t := flat(a.dirs, ["refit_tp2-tp1", "refit_noncoll_tp1-tp1", "refit_tp2-tp1_left",
-                                     "refit_tp2-tp1_meg_broadcast", "refit_moe_ep2-ep1", "refit_moe_tp2-tp1"],
+                                     "refit_tp2-tp1_meg_broadcast", "refit_moe_ep2-ep1", "refit_moe_tp2-tp1",
+                                     "refit_moe_tp2-tp1_bcast"],
                             ["mode", "parallelism", "inference", "strategy", "impl", "status", "refit_median_s",
                              "refit_iqr_s", "refit_link_floor_s", "verified", "error"]), t.round(5)),
         "fms": (t := flat(a.dirs, ["fms", "fms_1b", "fms_1b_compile"],

@@ -28,6 +28,8 @@
 # and attn_left in parts (for x4_wave.sh's streams), and the 4-GPU step:
 #   mha128k        MHA 128K, ring / ulysses / torch_cp
 #   ulysses_left   Ulysses at 64K MHA and 128K GQA-8 (ring beside it)
+#   attn12_fresh   attn12 with launch.preload=false (each rank a fresh interpreter, as before 2026-11-26)
+#   refit_moe_bcast  the MoE tp2->tp1 broadcast rows (both impls), which refit_moe's 200 s did not reach
 #   usp4           W=4 (all four GPUs): usp / ring / ulysses, MHA and GQA-8 at 32K, MHA at 64K (issue 20)
 set -u
 . bench/gpu/device_env.sh
@@ -56,6 +58,9 @@ cat "$R/gpu.txt"
 step_attn12() {
   sb attn12 200 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$MHA "benchmark.seq_len=$S16,$S32,$S64" \
      "benchmark.impl=$I4" "${ATT[@]}"; }
+step_attn12_fresh() {
+  sb attn12_fresh 240 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$MHA "benchmark.seq_len=$S16,$S32,$S64" \
+     "benchmark.impl=$I4" "${ATT[@]}" launch.preload=false; }
 step_attn_rest() {
   sb attn_gqa8 200 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$GQA "benchmark.seq_len=$S16,$S32,$S64,$S128" \
      "benchmark.impl=$I3" "${ATT[@]}"
@@ -134,6 +139,11 @@ step_refit_moe() {  # the MoE preset at sizes 2 GPUs hold (bench/gpu/refit_2gpu.
     x1=(model=tiny_moe model.num_layers=4 backend=gloo benchmark.iters=2 benchmark.warmup=1 benchmark.probe_bytes=65536); x2=("${x1[@]}"); fi
   sb refit_moe_ep2-ep1 200 experiment=ep2-ep4 benchmark.inference=ep1 "benchmark.strategy=$st" benchmark.iters=10 "${x1[@]}"
   sb refit_moe_tp2-tp1 200 experiment=ep2-ep4 parallelism=tp2 benchmark.inference=tp1 "benchmark.strategy=$st" \
+     "benchmark.impl=sweepbench,megatron" benchmark.iters=10 "${x2[@]}"; }
+step_refit_moe_bcast() {
+  local x2=(model.num_layers=8 launch.timeout_s=300)
+  [ -n "${CPU:-}" ] && x2=(model=tiny_moe model.num_layers=4 backend=gloo benchmark.iters=2 benchmark.warmup=1 benchmark.probe_bytes=65536)
+  sb refit_moe_tp2-tp1_bcast 120 experiment=ep2-ep4 parallelism=tp2 benchmark.inference=tp1 benchmark.strategy=broadcast \
      "benchmark.impl=sweepbench,megatron" benchmark.iters=10 "${x2[@]}"; }
 step_fms_compile() { fms fms_1b_compile true; }
 

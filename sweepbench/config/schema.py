@@ -89,6 +89,9 @@ class LaunchConfig:
     # the interpreter that runs the ranks (a venv's bin/python, to sweep software environments);
     # "" = the driver's own. Part of the tag when set, since it changes what is measured.
     python: str = ""
+    # local jobs: fork the ranks from a warm interpreter that imported torch once for the sweep
+    # (launch/preload.py) instead of starting a fresh one per rank; false = always start fresh
+    preload: bool = True
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """Local launch: the job starts its ranks as processes of ``launch.python`` (default: this
-interpreter) running ``python -m sweepbench.launch.rank``, and supervises them.
+interpreter) running ``python -m sweepbench.launch.rank``, or forks them from a warm interpreter
+that has imported torch once for the whole sweep (``preload``, where that gives the same process),
+and supervises them.
 
 A rank that raises or dies takes its job down (the others are killed); a job that outlives
 ``launch.timeout_s`` is killed; a stop asked for by Ctrl-C/SIGTERM kills the ranks and reports
@@ -22,6 +24,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from sweepbench.core import JobOutcome
+from sweepbench.launch import preload
 from sweepbench.launch.rank_errors import clear_rank_errors, first_raised, has_record
 from sweepbench.record.atomic import read_json, temp_pattern
 
@@ -65,16 +68,21 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 def _start_ranks(cfg: DictConfig, spec: dict[str, Any], *, world_size: int, job_dir: Path) -> list[subprocess.Popen]:
-    """Start every rank; if one cannot start (EAGAIN, a missing interpreter), kill those that did."""
+    """Start (or fork, ``preload``) every rank; if one cannot start (EAGAIN, a missing
+    interpreter), kill those that did."""
     logs = job_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     argv = [rank_python(cfg), "-m", "sweepbench.launch.rank"]
-    procs: list[subprocess.Popen] = []
+    forked = preload.usable(cfg)
+    procs: list[Any] = []
     try:
         for rank in range(world_size):
+            env = {**os.environ, SPEC_ENV: json.dumps({**spec, "rank": rank})}
+            if forked:
+                procs.append(preload.start_rank(env, logs / f"rank{rank}.log"))
+                continue
             fd = os.open(logs / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:
-                env = {**os.environ, SPEC_ENV: json.dumps({**spec, "rank": rank})}
                 procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, env=env,
                                               start_new_session=True))
             finally:

@@ -1,7 +1,8 @@
 """What every rank runs: join the process group, run the benchmark, report from rank 0.
 
 ``python -m sweepbench.launch.rank`` is the entry of a rank the local launcher starts (its
-interpreter is ``launch.python``); SLURM tasks call ``run_rank`` directly. torch is imported
+interpreter is ``launch.python``), ``main(forked=True)`` of one it forks from its warm interpreter
+(``preload``); SLURM tasks call ``run_rank`` directly. torch is imported
 inside the functions: the driver imports this module's helpers without paying for it."""
 
 from __future__ import annotations
@@ -44,21 +45,36 @@ def redirect_output(log_path: Path) -> None:
     os.close(fd)
 
 
-def die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int, *, forked: bool = False) -> None:
     """SIGKILL this rank when the process that started it dies, however it dies (SIGKILL
     included): the kernel's PR_SET_PDEATHSIG, and a watchdog thread on the parent's pid for
-    where that does not hold (the parent gone before prctl ran, a reparenting subreaper)."""
+    where that does not hold (the parent gone before prctl ran, a reparenting subreaper). A rank
+    ``forked`` by the driver's fork server (``preload``) has the server as its parent, which exits
+    with the driver: the kernel kills the rank then, and the watchdog watches the driver's pid."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: the watchdog alone
         pass
-    if os.getppid() != parent_pid:
+    parent = os.getppid() if forked else parent_pid
+
+    def alive() -> bool:
+        if os.getppid() != parent:
+            return False
+        try:
+            os.kill(parent_pid, 0)  # the driver itself (the same as the parent unless forked)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
+    if not alive():
         os._exit(1)
 
     def watch() -> None:
         while True:
             time.sleep(WATCHDOG_S)
-            if os.getppid() != parent_pid:
+            if not alive():
                 os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="sweepbench-parent-watchdog", daemon=True).start()
@@ -151,11 +167,11 @@ def _store_sink(store: "dist.Store", key: str) -> "Sink":
     return sink
 
 
-def main() -> None:
-    """Entry of a rank started by the local launcher: its spec (config, rendezvous, files) is
-    in the environment; its output already goes to its log."""
+def main(*, forked: bool = False) -> None:
+    """Entry of a rank started (or ``forked``, ``preload``) by the local launcher: its spec
+    (config, rendezvous, files) is in the environment; its output already goes to its log."""
     spec = json.loads(os.environ.pop("SWEEPBENCH_RANK_SPEC"))
-    die_with_parent(spec["parent_pid"])
+    die_with_parent(spec["parent_pid"], forked=forked)
     rank, world_size, job_dir = spec["rank"], spec["world_size"], Path(spec["job_dir"])
     print(f"===== {time.strftime('%Y-%m-%dT%H:%M:%S')} rank {rank} of {world_size} on {socket.gethostname()}, "
           f"pid {os.getpid()}, python {sys.version.split()[0]} ({sys.executable}) =====", flush=True)
@@ -173,6 +189,7 @@ def main() -> None:
                            store=store, progress_sink=sink, job_dir=job_dir)
         if payload is not None:
             payload["env"] = capture_env()  # the versions the ranks ran with, not the driver's
+            payload["rank_start"] = "forked" if forked else "fresh"
             write_json_atomic(spec["payload"], payload)
     except Exception as err:
         note_rank_error(job_dir, rank, err)

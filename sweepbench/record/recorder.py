@@ -103,6 +103,9 @@ def build_metrics(cfg: DictConfig, outcome: JobOutcome, *, tag: str, world_size:
         "timed_s": timed,
         "measuring_fraction": timed / wall_time_s if wall_time_s > 0 else None,
         "wall_phases_s": wall_phases(outcome.payload.get("phases_s"), wall_time_s),
+        # how the local launcher began the ranks: "forked" from the sweep's warm interpreter
+        # (launch.preload) or "fresh" interpreters; None where SLURM started them or no rank reported
+        "rank_start": outcome.payload.get("rank_start"),
         "started_at": _utc(now - wall_time_s), "finished_at": _utc(now),
     }
 

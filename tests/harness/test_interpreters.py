@@ -35,3 +35,6 @@ def test_launch_python_is_a_sweep_axis(tmp_path: Path, compose) -> None:
         assert env["packages"]["rich"] == (OTHER_RICH if name == "other" else version("rich"))
         assert env["packages"]["torch"] and env["sweepbench"]["version"]
         assert "captured_by" not in env  # rank 0's capture, not the driver's
+        # the driver's own interpreter: forked from its warm one (launch.preload); another: started
+        metrics = json.loads((sweep_dir / tags[name] / "metrics.json").read_text())
+        assert metrics["rank_start"] == ("fresh" if name == "other" else "forked"), metrics["rank_start"]

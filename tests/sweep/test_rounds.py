@@ -117,11 +117,12 @@ def test_results_csv_has_one_row_per_job_with_the_rounds_medians(rounds_runs: di
         assert row["measuring_fraction"] == pytest.approx(sum(timed) / sum(walls)) and 0 < row["measuring_fraction"] < 1
         combined = rounds_runs["after_resume"]["combined"][row["tag"]]
         # where each round's wall time went: rank 0's phases and the rest, adding up to the round's
-        # wall time; a fresh interpreter importing torch takes a good part of a second to start
+        # wall time (the ranks are forked from the warm interpreter: their start is the fork's)
         phases = [rounds[row["tag"]][r]["wall_phases_s"] for r in (1, 2)]
+        assert [rounds[row["tag"]][r]["rank_start"] for r in (1, 2)] == ["forked", "forked"]
         for phase, wall in zip(phases, walls):
             assert list(phase) == sorted(WALL_PHASES) and min(phase.values()) >= 0, phase
-            assert sum(phase.values()) == pytest.approx(wall) and phase["start"] > 0.2 and phase["benchmark"] > 0
+            assert sum(phase.values()) == pytest.approx(wall) and phase["start"] >= 0 and phase["benchmark"] > 0
         for key in WALL_PHASES:  # a job of rounds: each phase summed over them, in the record and the row
             assert combined["wall_phases_s"][key] == pytest.approx(sum(p[key] for p in phases))
             assert row[f"wall_{key}_s"] == pytest.approx(combined["wall_phases_s"][key])
