@@ -196,8 +196,11 @@ def main() -> int:
                            "tokens_per_s_per_gpu", "mem_torch_peak_reserved_gib", "loss_first", "loss_last",
                            "wall_time_s"]), t.round(3)),
     }
-    order = [f"wall_{k}_s" for k in WALL_PHASES] + [f"case_{k}_s" for k in ("t1_and_reference", "verify",
-                                                                              "verify_first_run", "timing")]
+    order = [f"wall_{k}_s" for k in WALL_PHASES] + [f"case_{k}_s" for k in (
+        "t1_and_reference", "t1_children", "t1_child_start")] + sorted(
+        c for c in att.columns if c.startswith("case_t1_first_call_")) + [f"case_{k}_s" for k in (
+            "t1_child_reference", "t1_reference_load", "t1_reference", "t1_reference_save", "verify",
+            "verify_first_run", "timing")]
     went = [c for c in order if c in att.columns]
     if went:  # where the attention jobs' wall time went (issue 18 section 3)
         phases = att[["sweep", "impl", "seq_len", "t1_reused", "job_wall_s", *went]]

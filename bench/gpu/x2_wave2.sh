@@ -30,6 +30,8 @@
 #   ulysses_left   Ulysses at 64K MHA and 128K GQA-8 (ring beside it)
 #   attn12_fresh   attn12 with launch.preload=false (each rank a fresh interpreter, as before 2026-11-26)
 #   refit_moe_bcast  the MoE tp2->tp1 broadcast rows (both impls), which refit_moe's 200 s did not reach
+#   t1_parts       ring alone at 16K and 64K MHA: where T1's time goes (phase_s t1_child_start, t1_first_call_*,
+#                  t1_reference, t1_reference_save)
 #   usp4           W=4 (all four GPUs): usp / ring / ulysses, MHA and GQA-8 at 32K, MHA at 64K (issue 20)
 set -u
 . bench/gpu/device_env.sh
@@ -61,6 +63,9 @@ step_attn12() {
 step_attn12_fresh() {
   sb attn12_fresh 240 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$MHA "benchmark.seq_len=$S16,$S32,$S64" \
      "benchmark.impl=$I4" "${ATT[@]}" launch.preload=false; }
+step_t1_parts() {
+  sb attn_t1parts 100 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$MHA "benchmark.seq_len=$S16,$S64" \
+     benchmark.impl=ring "${ATT[@]}"; }
 step_attn_rest() {
   sb attn_gqa8 200 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$GQA "benchmark.seq_len=$S16,$S32,$S64,$S128" \
      "benchmark.impl=$I3" "${ATT[@]}"

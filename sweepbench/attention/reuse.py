@@ -91,16 +91,28 @@ class Entry:
         except Exception:  # noqa: BLE001 - unreadable (torn by a crash, another torch): measured again
             return None
 
-    def save(self, t1: dict[str, Any], reference: list[torch.Tensor]) -> None:
-        # streamed to a temporary and renamed (record.atomic's pattern, without its in-memory copy
-        # and fsync: GiBs at long sequences; a torn file after a crash fails to load and is remade)
+    def reference_tmp(self) -> Path:
+        """A fresh temporary in the entry's folder for the reference (``commit`` makes it the
+        entry's; the writer, this process or T1's child, streams it there)."""
         fd, tmp = tempfile.mkstemp(dir=self.where, prefix=".reference.pt.", suffix=".tmp")
+        os.close(fd)
+        return Path(tmp)
+
+    def commit(self, t1: dict[str, Any], tmp: Path) -> None:
+        """The written temporary becomes the entry's reference.pt (renamed: record.atomic's pattern,
+        without its in-memory copy and fsync: GiBs at long sequences; a torn file after a crash
+        fails to load and is remade), then entry.json, which makes the entry exist."""
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, self.where / "reference.pt")
+        self.meta = {"key": self.key, "run": self.run, "t1": t1}
+        write_json_atomic(self.where / "entry.json", self.meta)
+
+    def save(self, t1: dict[str, Any], reference: list[torch.Tensor]) -> None:
+        tmp = self.reference_tmp()
         try:
-            with os.fdopen(fd, "wb") as f:
+            with open(tmp, "wb") as f:
                 torch.save([x.detach().cpu() for x in reference], f)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, self.where / "reference.pt")
+            self.commit(t1, tmp)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise
-        write_json_atomic(self.where / "entry.json", {"key": self.key, "run": self.run, "t1": t1})

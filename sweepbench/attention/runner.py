@@ -90,6 +90,8 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
     spec = get_impl(impl)
     steps = 3 + spec.own_comm  # T1, verified, timed, and the same without communication
     phase_s["t1_and_reference"] = time.perf_counter() - tic
+    if not t1_reused:  # its parts, where this job measured them (T1's children, the reference)
+        phase_s.update({f"t1_{k}": v for k, v in (t1.get("phase_s") or {}).items()})
     case_done(f"T1 (one device, {t1_backend}): {t1_stats[t1_backend]['median_s'] * 1e3:.3g} ms"
               f"{' (reused from the sweep)' if t1_reused else ''}", total=steps)
     tic = time.perf_counter()

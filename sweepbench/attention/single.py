@@ -4,8 +4,9 @@ sweepbench.attention.single``), so that a backend that kills its process or pois
 context (``an illegal memory access``) is left out with its reason and the job goes on.
 
 The child rebuilds the inputs from the seed (``make_inputs``: the same values as the ranks'),
-runs each backend once (the probe, which is also its warm-up), then times ``iters`` iterations
-with the benchmark's timing loop (a process group of one). It reports one JSON line per event on
+runs each backend once (the probe, which is also its warm-up: its first call, kernel set-up
+included, is reported), then times ``iters`` iterations with the benchmark's timing loop (a
+process group of one). It reports one JSON line per event on
 stdout; after a backend fails it exits (its CUDA context may be poisoned) and the parent starts a
 fresh child for the backends left. ``fault`` (``benchmark.t1_fault``) adds a first candidate named
 ``fault`` whose probe does that to its process (exit, kill, raise, segfault): the check that a
@@ -20,14 +21,16 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
-    from sweepbench.attention.reuse import SweepStore
+    from sweepbench.attention.reuse import Entry, SweepStore
 
 PREFIX = "t1-probe "
 FAULT = "fault"
@@ -59,14 +62,22 @@ def _why_died(returncode: int) -> str:
     return f"exit code {returncode}"
 
 
-def probe_backends(case: T1Case, candidates: list[str], *,
-                   fault: str = "") -> tuple[dict[str, list[float]], dict[str, str]]:
-    """({backend: per-iteration seconds} of the backends that ran, {backend: why not} of the others)."""
+def probe_backends(case: T1Case, candidates: list[str], *, fault: str = "", spent: dict[str, float] | None = None,
+                   reference_to: Path | None = None) -> tuple[dict[str, list[float]], dict[str, str], str | None]:
+    """({backend: per-iteration seconds} of the backends that ran, {backend: why not} of the others,
+    the backend whose reference the last child wrote to ``reference_to``, if any). ``spent`` gets
+    where the children's wall time went: ``child_start`` (interpreter, imports, CUDA, inputs; every
+    child's), ``first_call_<backend>`` (each backend's probe, its first call), ``child_reference``
+    (the reference computed and written)."""
     todo = ([FAULT] if fault else []) + list(candidates)
     times: dict[str, list[float]] = {}
     refused: dict[str, str] = {}
+    spent = {} if spent is None else spent
+    made = None
     while todo:
-        spec = json.dumps({"case": asdict(case), "backends": todo, "fault": fault, "parent": os.getpid()})
+        spec = json.dumps({"case": asdict(case), "backends": todo, "fault": fault, "parent": os.getpid(),
+                           "reference_to": str(reference_to) if reference_to else None})
+        spawned = time.time()
         proc = subprocess.run([sys.executable, "-m", "sweepbench.attention.single"], input=spec,
                               stdout=subprocess.PIPE, text=True, check=False)
         current: str | None = None
@@ -74,6 +85,15 @@ def probe_backends(case: T1Case, candidates: list[str], *,
             if not line.startswith(PREFIX):
                 continue
             kind, name, value = json.loads(line[len(PREFIX):])
+            if kind == "ready":  # the child's wall clock when it could start probing
+                spent["child_start"] = spent.get("child_start", 0.0) + max(value - spawned, 0.0)
+                continue
+            if kind == "first":
+                spent[f"first_call_{name}"] = value
+                continue
+            if kind == "reference":
+                made, spent["child_reference"] = name, value
+                continue
             if kind == "start":
                 current = name
                 continue
@@ -91,7 +111,7 @@ def probe_backends(case: T1Case, candidates: list[str], *,
             todo = []
     for name, why in refused.items():
         print(f"attention: SDPA backend {name} cannot run this case: {why}", flush=True)
-    return times, refused
+    return times, refused, made
 
 
 def t1_and_reference(rank: int, inputs: list["torch.Tensor"], case: T1Case, *, candidates: list[str], fault: str,
@@ -101,10 +121,7 @@ def t1_and_reference(rank: int, inputs: list["torch.Tensor"], case: T1Case, *, c
     the sweep's store. No backend left fails the job."""
     import torch
 
-    from sweepbench.attention.dilated import Branch
     from sweepbench.attention.reuse import software_key
-    from sweepbench.attention.scaling import single_device
-    from sweepbench.measure import summarize
 
     t1, reference, reused = None, None, False
     if rank == 0:
@@ -116,18 +133,7 @@ def t1_and_reference(rank: int, inputs: list["torch.Tensor"], case: T1Case, *, c
             reference = entry.reference(device) if t1 else None
             reused = reference is not None
             if not reused:
-                times, refused = probe_backends(case, candidates, fault=fault)
-                t1 = {"stats": {n: summarize(t) for n, t in times.items()}, "refused": refused}
-                if times:  # the reference: T1's fastest backend, in this process (it ran in its child)
-                    best = min(times, key=lambda n: t1["stats"][n]["median_s"])
-                    q, k, v = (x.detach().clone().requires_grad_() for x in inputs[:3])
-                    out = single_device(q, k, v, backend=best, causal=case.causal, pattern=case.pattern,
-                                        branches=tuple(Branch(s, r) for s, r in case.branches))
-                    if case.backward:
-                        out.backward(inputs[3])
-                    reference = [out.detach(), q.grad, k.grad, v.grad] if case.backward else [out.detach()]
-                    if entry:
-                        entry.save(t1, reference)
+                t1, reference = _measure(inputs, case, candidates=candidates, fault=fault, entry=entry)
     box = [(t1, reused)]
     torch.distributed.broadcast_object_list(box, src=0)
     t1, reused = box[0]
@@ -135,6 +141,57 @@ def t1_and_reference(rank: int, inputs: list["torch.Tensor"], case: T1Case, *, c
         raise RuntimeError(f"the whole sequence does not run on one device with any SDPA backend, so there is "
                            f"no T1 and no reference: {t1['refused']}")
     return t1, reference, reused
+
+
+def _measure(inputs: list["torch.Tensor"], case: T1Case, *, candidates: list[str], fault: str,
+             entry: "Entry | None") -> tuple[dict[str, Any], list["torch.Tensor"] | None]:
+    """T1 measured in children and the reference of its fastest backend. With a store entry the
+    last child, where that backend has just run, computes the reference and writes it for the entry
+    (read back here); otherwise, or if the child's backend is not the fastest, rank 0 computes it
+    (its first call of that backend at the whole sequence: seconds with cuDNN) and stores it."""
+    import torch
+
+    from sweepbench.attention.dilated import Branch
+    from sweepbench.attention.scaling import single_device
+    from sweepbench.measure import summarize
+
+    device = inputs[0].device
+    spent: dict[str, float] = {}
+    tmp = entry.reference_tmp() if entry else None
+    try:
+        tic = time.perf_counter()
+        times, refused, made = probe_backends(case, candidates, fault=fault, spent=spent, reference_to=tmp)
+        spent["children"] = time.perf_counter() - tic
+        t1 = {"stats": {n: summarize(t) for n, t in times.items()}, "refused": refused, "phase_s": spent}
+        if not times:
+            return t1, None
+        best = min(times, key=lambda n: t1["stats"][n]["median_s"])
+        if entry and tmp and made == best:  # the child's: stored, then read back as a later job would
+            tic = time.perf_counter()
+            entry.commit(t1, tmp)
+            tmp = None
+            reference = entry.reference(device)
+            spent["reference_load"] = time.perf_counter() - tic
+            if reference is not None:
+                return t1, reference
+        tic = time.perf_counter()
+        q, k, v = (x.detach().clone().requires_grad_() for x in inputs[:3])
+        out = single_device(q, k, v, backend=best, causal=case.causal, pattern=case.pattern,
+                            branches=tuple(Branch(s, r) for s, r in case.branches))
+        if case.backward:
+            out.backward(inputs[3])
+        reference = [out.detach(), q.grad, k.grad, v.grad] if case.backward else [out.detach()]
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        spent["reference"] = time.perf_counter() - tic
+        if entry:
+            tic = time.perf_counter()
+            entry.save(t1, reference)
+            spent["reference_save"] = time.perf_counter() - tic
+        return t1, reference
+    finally:
+        if tmp:
+            tmp.unlink(missing_ok=True)
 
 
 def _say(kind: str, name: str, value: Any) -> None:
@@ -168,7 +225,7 @@ def _child(spec: dict[str, Any]) -> None:
 
     from sweepbench.attention.dilated import Branch
     from sweepbench.attention.scaling import Shape, make_inputs, single_device
-    from sweepbench.measure import time_iterations
+    from sweepbench.measure import summarize, time_iterations
 
     c = T1Case(**spec["case"])
     torch.set_num_threads(c.num_threads)
@@ -180,6 +237,10 @@ def _child(spec: dict[str, Any]) -> None:
                                 dtype=getattr(torch, c.dtype), device=device, seed=c.seed)
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
     branches = tuple(Branch(s, r) for s, r in c.branches)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    _say("ready", "", time.time())
+    timed: dict[str, float] = {}  # backend -> median seconds, of those this child timed
     for name in spec["backends"]:
         _say("start", name, None)
 
@@ -193,15 +254,30 @@ def _child(spec: dict[str, Any]) -> None:
                 out.backward(dout)
 
         try:
+            tic = time.perf_counter()
             run()  # the probe, and the warm-up of the timing
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
+            _say("first", name, time.perf_counter() - tic)
             times = time_iterations(run, warmup=0, iters=c.iters, device=device)
             assert all(math.isfinite(t) and t > 0 for t in times), times
         except Exception as err:  # noqa: BLE001 - a backend that refuses this case (or runs out of memory)
             _say("refused", name, str(err).splitlines()[0][:200] if str(err) else type(err).__name__)
             return  # a failed CUDA call may have poisoned the context: a fresh child tries the rest
         _say("ok", name, times)
+        timed[name] = summarize(times)["median_s"]  # as the parent ranks them
+    if spec.get("reference_to") and timed:  # the reference of this child's fastest backend, while it is warm
+        best = min(timed, key=timed.__getitem__)
+        tic = time.perf_counter()
+        for x in leaves:
+            x.grad = None
+        out = single_device(*leaves, backend=best, causal=c.causal, pattern=c.pattern, branches=branches)
+        if c.backward:
+            out.backward(dout)
+        got = [out.detach(), *(x.grad for x in leaves)] if c.backward else [out.detach()]
+        with open(spec["reference_to"], "wb") as f:
+            torch.save([x.cpu() for x in got], f)
+        _say("reference", best, time.perf_counter() - tic)
     dist.destroy_process_group()
 
 

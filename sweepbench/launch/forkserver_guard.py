@@ -8,7 +8,7 @@ from __future__ import annotations
 import ctypes
 import signal
 
-PR_SET_PDEATHSIG = 1
+from sweepbench.launch.rank import PR_SET_PDEATHSIG
 
 try:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)

@@ -93,15 +93,10 @@ def start_rank(env: dict[str, str], log: Path) -> ForkedRank:
 def _rank_main(env: dict[str, Any], log: str) -> None:
     """In the forked rank: what Popen(start_new_session=True, stdout=stderr=log, env=env) sets up,
     then rank.main. Its exit code is the rank's (sys.exit's; 1 for an uncaught error)."""
-    os.setsid()
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    os.environ.clear()
-    os.environ.update(env)
     from sweepbench.launch import rank
 
+    os.setsid()
+    rank.redirect_output(Path(log))
+    os.environ.clear()
+    os.environ.update(env)
     rank.main(forked=True)

@@ -78,8 +78,18 @@ def test_t1_and_reference_reused_in_the_sweep_and_remeasured_under_force(tmp_pat
     assert sorted(rows["t1_reused"]) == [0.0, 1.0]
     for case in cases.values():  # where each job's case spent its time; the reused T1 costs less
         phases = case["phase_s"]
-        assert set(phases) == {"t1_and_reference", "verify", "verify_first_run", "timing"}, phases
+        # where it measured T1: the child computed the reference with the fastest backend and wrote it
+        # for the store, rank 0 read it back
+        t1_parts = {f"t1_first_call_{b}" for b in case["t1_backends"]} | {
+            "t1_child_start", "t1_children", "t1_child_reference", "t1_reference_load"}
+        assert set(phases) == {"t1_and_reference", "verify", "verify_first_run", "timing"} | (
+            set() if case["t1_reused"] else t1_parts), phases
         assert 0 < phases["verify_first_run"] <= phases["verify"]
+        if not case["t1_reused"]:  # the child's start and first calls are parts of the children's time
+            firsts = sum(phases[f"t1_first_call_{b}"] for b in case["t1_backends"])
+            assert 0 < phases["t1_child_start"] and 0 < firsts
+            assert phases["t1_child_start"] + firsts + phases["t1_child_reference"] < phases["t1_children"]
+            assert phases["t1_children"] + phases["t1_reference_load"] <= phases["t1_and_reference"]
     assert measured["phase_s"]["t1_and_reference"] > next(c for c in cases.values() if c["t1_reused"])["phase_s"][
         "t1_and_reference"]
 
@@ -91,3 +101,34 @@ def test_t1_and_reference_reused_in_the_sweep_and_remeasured_under_force(tmp_pat
     assert remeasured["t1_backends"] != measured["t1_backends"]
     assert all(c["verified"] for c in redo.values())
     assert json.loads((entry / "entry.json").read_text())["run"] != meta["run"]
+
+
+def test_the_t1_childs_reference_is_its_fastest_backends_output(tmp_path: Path) -> None:
+    """The reference a T1 child writes (for the sweep's store, in place of rank 0's recomputation)
+    is the output and gradients of the backend it timed fastest, on the seed's inputs."""
+    import torch
+
+    from sweepbench.attention.dilated import Branch
+    from sweepbench.attention.ops import backends_for
+    from sweepbench.attention.scaling import Shape, make_inputs, single_device
+    from sweepbench.attention.single import T1Case, probe_backends
+    from sweepbench.measure import summarize
+
+    case = T1Case(batch=1, heads=4, kv_heads=2, seq_len=128, head_dim=8, dtype="float32", device="cpu", seed=7,
+                  causal=True, backward=True, pattern="dilated", branches=[[32, 1], [64, 2]], iters=2, num_threads=1)
+    spent: dict[str, float] = {}
+    candidates = backends_for("cpu", torch.float32)
+    times, refused, made = probe_backends(case, candidates, spent=spent, reference_to=tmp_path / "ref.pt")
+    assert refused == {} and sorted(times) == sorted(candidates)
+    assert made == min(times, key=lambda n: summarize(times[n])["median_s"])  # the child's fastest
+    assert spent["child_reference"] > 0
+    got = torch.load(tmp_path / "ref.pt", weights_only=True)
+    q, k, v, dout = make_inputs(Shape(1, 4, 2, 128, 8), dtype=torch.float32, device=torch.device("cpu"), seed=7)
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    out = single_device(*leaves, backend=made, causal=True, pattern="dilated", branches=(Branch(32, 1), Branch(64, 2)))
+    out.backward(dout)
+    assert len(got) == 4
+    for g, want in zip(got, [out.detach(), *(x.grad for x in leaves)]):
+        torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-6)
+    # without a place to write it, no child computes one (rank 0 does, as for a single run)
+    assert probe_backends(case, candidates[:1])[2] is None
