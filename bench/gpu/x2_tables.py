@@ -55,7 +55,8 @@ def attention(dirs: list[Path]) -> pd.DataFrame:
             # where the job's wall time (records from 0a056c5 on) and its case's went
             went = {**{f"wall_{k}_s": v for k, v in (record.get("wall_phases_s") or {}).items()},
                     **{f"case_{k}_s": v for k, v in (c.get("phase_s") or {}).items()}}
-            rows.append({"sweep": sweep.name, "impl": r.impl, "world_size": int(r.world_size), "kv_heads": c["kv_heads"] if c else _kv(sweep),
+            rows.append({"sweep": sweep.name, "impl": r.impl, "world_size": int(r.world_size),
+                         "kv_heads": c["kv_heads"] if c else _kv(sweep),
                          "seq_len": int(r.seq_len), "median_ms": r.total_median_ms,
                          "iqr_ms": c["iqr_s"] * 1e3 if c else float("nan"), "t1_ms": r.t1_ms,
                          "efficiency": r.efficiency, "exposed_comm": r.exposed_comm_fraction,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,9 @@ from omegaconf import DictConfig
 # what a rank imports before its first line of work (rank.run_rank, the benchmark registry and
 # every benchmark plugin, the environment capture): imported once, in the fork server, after the
 # guard that makes the server die with the driver
-PRELOAD = ["sweepbench.launch.forkserver_guard", "torch", "torch.distributed", "omegaconf", "sweepbench.launch.rank", "sweepbench.benchmarks.registry",
-           "sweepbench.record.env", "sweepbench.record.atomic", "sweepbench.launch.preload"]
+PRELOAD = ["sweepbench.launch.forkserver_guard", "torch", "torch.distributed", "omegaconf", "sweepbench.launch.rank",
+           "sweepbench.benchmarks.registry", "sweepbench.record.env", "sweepbench.record.atomic",
+           "sweepbench.launch.preload"]
 
 _server_env: dict[str, str] | None = None  # the environment the fork server started with
 # variables that nothing preloaded reads, which the driver sets between jobs (its wandb runs set
@@ -69,8 +71,6 @@ class ForkedRank:
     def wait(self, timeout: float | None = None) -> int | None:
         self.proc.join(timeout)
         if self.proc.exitcode is None:
-            import subprocess
-
             raise subprocess.TimeoutExpired("rank", timeout or 0)
         return self.proc.exitcode
 
