@@ -152,7 +152,6 @@ def _measure(inputs: list["torch.Tensor"], case: T1Case, *, candidates: list[str
     import torch
 
     from sweepbench.attention.dilated import Branch
-    from sweepbench.attention.scaling import single_device
     from sweepbench.measure import summarize
 
     device = inputs[0].device
@@ -175,12 +174,8 @@ def _measure(inputs: list["torch.Tensor"], case: T1Case, *, candidates: list[str
             if reference is not None:
                 return t1, reference
         tic = time.perf_counter()
-        q, k, v = (x.detach().clone().requires_grad_() for x in inputs[:3])
-        out = single_device(q, k, v, backend=best, causal=case.causal, pattern=case.pattern,
-                            branches=tuple(Branch(s, r) for s, r in case.branches))
-        if case.backward:
-            out.backward(inputs[3])
-        reference = [out.detach(), q.grad, k.grad, v.grad] if case.backward else [out.detach()]
+        reference = _fwd_bwd([x.detach().clone().requires_grad_() for x in inputs[:3]], inputs[3], backend=best,
+                             case=case, branches=tuple(Branch(s, r) for s, r in case.branches))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         spent["reference"] = time.perf_counter() - tic
@@ -192,6 +187,20 @@ def _measure(inputs: list["torch.Tensor"], case: T1Case, *, candidates: list[str
     finally:
         if tmp:
             tmp.unlink(missing_ok=True)
+
+
+def _fwd_bwd(leaves: list["torch.Tensor"], dout: "torch.Tensor", *, backend: str, case: T1Case,
+             branches: tuple) -> list["torch.Tensor"]:
+    """The whole sequence on one device with ``backend``: the forward (and, where the case has one,
+    the backward into ``leaves``, their old gradients cleared first); [out, dq, dk, dv] or [out]."""
+    from sweepbench.attention.scaling import single_device
+
+    for x in leaves:
+        x.grad = None
+    out = single_device(*leaves, backend=backend, causal=case.causal, pattern=case.pattern, branches=branches)
+    if case.backward:
+        out.backward(dout)
+    return [out.detach(), *(x.grad for x in leaves)] if case.backward else [out.detach()]
 
 
 def _say(kind: str, name: str, value: Any) -> None:
@@ -224,7 +233,7 @@ def _child(spec: dict[str, Any]) -> None:
     import torch.distributed as dist
 
     from sweepbench.attention.dilated import Branch
-    from sweepbench.attention.scaling import Shape, make_inputs, single_device
+    from sweepbench.attention.scaling import Shape, make_inputs
     from sweepbench.measure import summarize, time_iterations
 
     c = T1Case(**spec["case"])
@@ -245,13 +254,9 @@ def _child(spec: dict[str, Any]) -> None:
         _say("start", name, None)
 
         def run() -> None:
-            for x in leaves:
-                x.grad = None
             if name == FAULT:
                 _do_fault(spec["fault"])
-            out = single_device(*leaves, backend=name, causal=c.causal, pattern=c.pattern, branches=branches)
-            if c.backward:
-                out.backward(dout)
+            _fwd_bwd(leaves, dout, backend=name, case=c, branches=branches)
 
         try:
             tic = time.perf_counter()
@@ -269,12 +274,7 @@ def _child(spec: dict[str, Any]) -> None:
     if spec.get("reference_to") and timed:  # the reference of this child's fastest backend, while it is warm
         best = min(timed, key=timed.__getitem__)
         tic = time.perf_counter()
-        for x in leaves:
-            x.grad = None
-        out = single_device(*leaves, backend=best, causal=c.causal, pattern=c.pattern, branches=branches)
-        if c.backward:
-            out.backward(dout)
-        got = [out.detach(), *(x.grad for x in leaves)] if c.backward else [out.detach()]
+        got = _fwd_bwd(leaves, dout, backend=best, case=c, branches=branches)
         with open(spec["reference_to"], "wb") as f:
             torch.save([x.cpu() for x in got], f)
         _say("reference", best, time.perf_counter() - tic)
