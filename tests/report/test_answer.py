@@ -19,6 +19,7 @@ from sweepbench.report.varied import axis_figures
 from ..conftest import SweepRun
 from .answer_sweeps import TERMINAL_COLUMNS
 from .browser import PageVisit, visit
+from .conftest import COMPARE_ROUNDS
 
 
 @pytest.fixture(scope="module")
@@ -146,13 +147,13 @@ def test_overlap_check_sees_overlapping_labels(tmp_path: Path) -> None:
 
 
 def test_fastest_judges_on_rounds_where_the_sweep_ran_them(compare_sweeps: dict[str, SweepRun]) -> None:
-    """Jobs run as rounds (sweep.repeats=3): the answer's gap is compare's verdict on the rounds
+    """Jobs run as rounds (sweep.repeats=COMPARE_ROUNDS): the answer's gap is compare's verdict on the rounds
     (the same rule `sweepbench compare` uses), not on one process's samples."""
     jobs = [*_jobs(compare_sweeps["base"]), *_jobs(compare_sweeps["slow"])]
     (answer,) = answer_jobs(jobs)
     (ranking,) = answer.rankings
     winner, runner = ranking.entries
     assert winner.job["config"]["fault"]["kind"] == "none" and runner.job["config"]["fault"]["kind"] == "slow"
-    assert ranking.verdict.basis == "rounds" and ranking.verdict.n_baseline == 3 == ranking.verdict.n_candidate
+    assert ranking.verdict.basis == "rounds" and ranking.verdict.n_baseline == COMPARE_ROUNDS == ranking.verdict.n_candidate
     assert ranking.verdict.verdict == "slower", ranking.sentence()
     assert "slower, p < 0.01" in ranking.sentence()

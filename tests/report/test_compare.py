@@ -1,4 +1,4 @@
-"""compare on real sweeps of three rounds each: the same config twice (run side by side) is not
+"""compare on real sweeps of five rounds each: the same config twice (run side by side) is not
 `slower`; a job slowed down by a known factor inside its timed region (fault.kind=slow
 fault.factor=3) is, against its clean twin, judged on the rounds. Sweeps without rounds are judged
 on samples, and the output says that process-to-process noise is not covered."""
