@@ -33,6 +33,14 @@
 #   t1_parts       ring alone at 16K and 64K MHA: where T1's time goes (phase_s t1_child_start, t1_first_call_*,
 #                  t1_reference, t1_reference_save)
 #   usp4           W=4 (all four GPUs): usp / ring / ulysses, MHA and GQA-8 at 32K, MHA at 64K (issue 20)
+# and for the calls of 2026-11-26 evening:
+#   first_call     where a new process's first cuDNN SDPA call goes, fresh and forked after native_libs (issue 18)
+#   attn_gqa8      GQA-8 16K-128K, ring / ulysses / torch_cp (attn_rest without its MHA 128K)
+#   profile32      profile at 32K, MHA and GQA-8, ring / ulysses / torch_cp: where 32K's efficiency goes (issue 20)
+#   attn12_kept    attn12 with launch.keep_ranks=true (each rank's process runs the sweep's jobs in turn)
+#   attn32         32K, MHA and GQA-8, ring / ulysses / torch_cp with 20 timed iterations and T1 of 10 (32K's IQR is
+#                  8% of its median at 5), kept ranks (issue 20)
+#   report         report_2gpu.yaml as run_cases runs it (5 rounds a case), then compare twin and slow (issues 17, 18)
 set -u
 . bench/gpu/device_env.sh
 LEFT=${LEFT:-480}
@@ -63,13 +71,19 @@ step_attn12() {
 step_attn12_fresh() {
   sb attn12_fresh 240 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$MHA "benchmark.seq_len=$S16,$S32,$S64" \
      "benchmark.impl=$I4" "${ATT[@]}" launch.preload=false; }
+step_attn12_kept() {
+  sb attn12_kept 200 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$MHA "benchmark.seq_len=$S16,$S32,$S64" \
+     "benchmark.impl=$I4" "${ATT[@]}" launch.keep_ranks=true; }
+step_attn32() {
+  sb attn32 170 experiment=attention_llama3 parallelism=cp2 "model.num_kv_heads=$MHA,$GQA" "benchmark.seq_len=$S32" \
+     "benchmark.impl=$I3" "${ATT[@]}" benchmark.iters=20 benchmark.warmup=3 benchmark.t1_iters=10 launch.keep_ranks=true; }
 step_t1_parts() {
   sb attn_t1parts 100 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$MHA "benchmark.seq_len=$S16,$S64" \
      benchmark.impl=ring "${ATT[@]}"; }
-step_attn_rest() {
+step_attn_rest() { step_attn_gqa8; mha128k 100; }
+step_attn_gqa8() {
   sb attn_gqa8 200 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$GQA "benchmark.seq_len=$S16,$S32,$S64,$S128" \
-     "benchmark.impl=$I3" "${ATT[@]}"
-  mha128k 100; }
+     "benchmark.impl=$I3" "${ATT[@]}"; }
 mha128k() { sb attn_mha128k "$1" experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$MHA "benchmark.seq_len=$S128" \
      "benchmark.impl=$I3" "${ATT[@]}"; }
 step_cp_peer() {  # twin, harness, twin, harness: both sides see the same drift of the machine
@@ -84,6 +98,24 @@ step_profile() {
   timeout 120 torchrun --standalone --nproc-per-node 2 bench/gpu/profile_attention.py --seq-len $S16 --impls $I3 \
       --kv-heads $MHA "${dev[@]}" --out "$R/profile" > "$R/profile.log" 2>&1; echo "profile rc=$?" | tee -a "$OUT/steps.txt"
   find "$R/profile" -name "*.json.gz" -delete 2>/dev/null; }   # the traces are large: their summaries come back
+step_profile32() {
+  local dev=() kv=$MHA,$GQA; [ -n "${CPU:-}" ] && dev=(--device cpu --heads 8 --head-dim 16 --dtype float32)
+  timeout 150 torchrun --standalone --nproc-per-node 2 bench/gpu/profile_attention.py --seq-len $S32 --impls $I3 \
+      --kv-heads $kv "${dev[@]}" --out "$R/profile32" > "$R/profile32.log" 2>&1; echo "profile32 rc=$?" | tee -a "$OUT/steps.txt"
+  find "$R/profile32" -name "*.json.gz" -delete 2>/dev/null; }
+step_first_call() {
+  local a=(); [ -n "${CPU:-}" ] && { echo "first_call: CUDA only" | tee -a "$OUT/steps.txt"; return; }
+  timeout 120 python3 bench/gpu/first_call.py --heads 32 --seqs 8192 16384 --out "$R/first_call.json" > "$R/first_call.log" 2>&1
+  echo "first_call rc=$?" | tee -a "$OUT/steps.txt"; }
+step_report() {
+  local c=(); [ -n "${CPU:-}" ] && c=(--cpu)
+  local t0=$SECONDS
+  timeout 200 python3 bench/gpu/run_cases.py bench/gpu/report_2gpu.yaml --out "$R/report" "${c[@]}" > "$R/report.log" 2>&1
+  echo "report cases rc=$? wall $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
+  python3 -m sweepbench compare "$R/report/compare_base" "$R/report/compare_twin" > "$R/compare_twin.txt" 2>&1
+  echo "compare twin rc=$?" | tee -a "$OUT/steps.txt"
+  python3 -m sweepbench compare "$R/report/compare_base" "$R/report/compare_slow" --fail-on-regression > "$R/compare_slow.txt" 2>&1
+  echo "compare slow rc=$? (1 = a regression found)" | tee -a "$OUT/steps.txt"; }
 step_collective() {
   local nt=(); impls=torch
   if [ -n "$NT_DIR" ]; then

@@ -92,6 +92,10 @@ class LaunchConfig:
     # local jobs: fork the ranks from a warm interpreter that imported torch once for the sweep
     # (launch/preload.py) instead of starting a fresh one per rank; false = always start fresh
     preload: bool = True
+    # local jobs with forked ranks: keep each rank's process after its job ends ok and run the next
+    # job's rank of the same index in it (launch/preload.py), so that CUDA, cuDNN, Triton and NCCL's
+    # first-use costs are paid once per sweep instead of once per job; not with sweep.repeats > 1
+    keep_ranks: bool = False
 
 
 @dataclass

@@ -14,14 +14,25 @@ driver's pid.
 
 Used only where a fork gives the same process as a start: the ranks' interpreter is this one (no
 ``launch.python`` of another environment) and the environment is the one the fork server started
-with (variables that torch reads at import would otherwise differ); elsewhere ranks start fresh."""
+with (variables that torch reads at import would otherwise differ); elsewhere ranks start fresh.
+
+``launch.keep_ranks``: a forked rank whose job ended ok is kept, and runs the next job's rank of
+the same index (its log, its environment, ``rank.main`` again), so that what a process pays at its
+first CUDA work (the context, cuDNN's first call, 2.5 s on an H100; Triton's kernels; NCCL's set-up)
+is paid once per sweep, not once per job: no fork can carry a CUDA context. A rank whose job failed,
+timed out or was stopped exits, and the next job forks a new one; the kept ranks leave when the
+sweep ends (``release_kept``)."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import subprocess
 import sys
+import time
+import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,19 +86,88 @@ class ForkedRank:
         return self.proc.exitcode
 
 
-def start_rank(env: dict[str, str], log: Path) -> ForkedRank:
+def start_rank(env: dict[str, str], log: Path, *, index: int = 0, keep: bool = False) -> ForkedRank:
     """Fork one rank from the fork server (started with ``PRELOAD`` on the first call). Its log is
     opened here first, so that a log that cannot be written fails the start (OSError), as it does
-    for a started rank, instead of the rank."""
+    for a started rank, instead of the rank. With ``keep`` (``launch.keep_ranks``) the rank of this
+    ``index`` kept from an earlier job runs it, if there is one, and the rank is kept after it."""
     global _server_env
     os.close(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
+    if keep:
+        worker = _kept.pop(index, None)
+        if worker is not None and worker.proc.exitcode is None:
+            try:
+                worker.conn.send((env, str(log)))
+                return KeptRank(worker, index)
+            except OSError:  # it died between jobs: a new one
+                worker.proc.kill()
     ctx = multiprocessing.get_context("forkserver")
     if _server_env is None:
         ctx.set_forkserver_preload(PRELOAD)
         _server_env = _env()
-    proc = ctx.Process(target=_rank_main, args=(env, str(log)), name="sweepbench-rank", daemon=False)
+    if not keep:
+        proc = ctx.Process(target=_rank_main, args=(env, str(log)), name="sweepbench-rank", daemon=False)
+        proc.start()
+        return ForkedRank(proc)
+    ours, theirs = ctx.Pipe()
+    proc = ctx.Process(target=_kept_main, args=(theirs, env, str(log)), name="sweepbench-rank", daemon=False)
     proc.start()
-    return ForkedRank(proc)
+    theirs.close()
+    return KeptRank(_Worker(proc, ours), index)
+
+
+@dataclass
+class _Worker:
+    proc: multiprocessing.process.BaseProcess
+    conn: Any  # the driver's end of the pipe: jobs go out, each job's exit code comes back
+
+
+_kept: dict[int, _Worker] = {}  # idle kept ranks by rank index, waiting for their next job
+
+
+class KeptRank(ForkedRank):
+    """A rank that stays after its job (``launch.keep_ranks``): its job's exit code comes back over
+    the pipe; after 0 the process waits for the next job of its index. One that failed exits."""
+
+    def __init__(self, worker: _Worker, index: int) -> None:
+        super().__init__(worker.proc)
+        self.worker, self.index, self.code = worker, index, None
+
+    def poll(self) -> int | None:
+        if self.code is None:
+            try:
+                if self.worker.conn.poll():
+                    self.code = int(self.worker.conn.recv())
+                    if self.code == 0:
+                        _kept[self.index] = self.worker
+            except (EOFError, OSError):  # died: its exit code is the job's
+                self.proc.join(1.0)
+                self.code = self.proc.exitcode if self.proc.exitcode is not None else -9
+        return self.code
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            self.proc.kill()
+            self.proc.join(10.0)
+            self.code = self.proc.exitcode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("rank", timeout or 0)
+            time.sleep(0.01)
+        return self.code
+
+
+def release_kept() -> None:
+    """End the kept ranks (the sweep is over): each leaves when its pipe closes."""
+    while _kept:
+        _, worker = _kept.popitem()
+        worker.conn.close()
+        worker.proc.join(10.0)
+        if worker.proc.exitcode is None:
+            worker.proc.kill()
 
 
 def _rank_main(env: dict[str, Any], log: str) -> None:
@@ -96,7 +176,51 @@ def _rank_main(env: dict[str, Any], log: str) -> None:
     from sweepbench.launch import rank
 
     os.setsid()
+    _take_job(env, log)
+    rank.main(forked=True)
+
+
+def _take_job(env: dict[str, Any], log: str) -> None:
+    from sweepbench.launch import rank
+
     rank.redirect_output(Path(log))
     os.environ.clear()
     os.environ.update(env)
-    rank.main(forked=True)
+
+
+def _kept_main(conn: Any, env: dict[str, Any], log: str) -> None:
+    """In a kept rank: run jobs until the driver closes the pipe or a job fails; each job is what
+    a forked rank runs (its log, its environment, rank.main), its exit code sent back."""
+    import torch
+
+    from sweepbench.launch import rank
+
+    os.setsid()
+    kept = False
+    while True:
+        rank.JOB_TAKEN = time.monotonic() if kept else None
+        _take_job(env, log)
+        try:
+            rank.main(forked=True, kept=kept)
+            code = 0
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 1
+        except BaseException:  # noqa: BLE001  (as an uncaught error ends a forked rank: its traceback, exit 1)
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            conn.send(code)
+        except OSError:
+            os._exit(code)
+        if code != 0:
+            os._exit(code)
+        gc.collect()
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()  # what this job's allocator kept goes back: the next job's peaks are its own
+        try:
+            env, log = conn.recv()
+        except (EOFError, OSError):
+            os._exit(0)
+        kept = True

@@ -32,6 +32,10 @@ if TYPE_CHECKING:  # sweepbench.measure imports torch
 
 PR_SET_PDEATHSIG = 1
 WATCHDOG_S = 1.0
+_watched: set[int] = set()  # the driver pids this process's watchdog already watches
+# when a kept rank (preload, launch.keep_ranks) took its current job (time.monotonic()); None in a
+# rank whose process started for its job
+JOB_TAKEN: float | None = None
 
 
 def redirect_output(log_path: Path) -> None:
@@ -70,6 +74,9 @@ def die_with_parent(parent_pid: int, *, forked: bool = False) -> None:
 
     if not alive():
         os._exit(1)
+    if parent_pid in _watched:  # a kept rank's next job: the same driver, already watched
+        return
+    _watched.add(parent_pid)
 
     def watch() -> None:
         while True:
@@ -82,7 +89,10 @@ def die_with_parent(parent_pid: int, *, forked: bool = False) -> None:
 
 def process_age_s() -> float | None:
     """Seconds since this process started (Linux's /proc; None elsewhere): the interpreter's
-    start and the imports before a rank's work, which no timer inside the process sees begin."""
+    start and the imports before a rank's work, which no timer inside the process sees begin. In a
+    kept rank, the seconds since it took its current job."""
+    if JOB_TAKEN is not None:
+        return time.monotonic() - JOB_TAKEN
     try:
         stat = Path("/proc/self/stat").read_text()
         uptime = float(Path("/proc/uptime").read_text().split()[0])
@@ -167,9 +177,10 @@ def _store_sink(store: "dist.Store", key: str) -> "Sink":
     return sink
 
 
-def main(*, forked: bool = False) -> None:
-    """Entry of a rank started (or ``forked``, ``preload``) by the local launcher: its spec
-    (config, rendezvous, files) is in the environment; its output already goes to its log."""
+def main(*, forked: bool = False, kept: bool = False) -> None:
+    """Entry of a rank started (or ``forked``, ``preload``; or run in a rank ``kept`` from an
+    earlier job, ``launch.keep_ranks``) by the local launcher: its spec (config, rendezvous, files)
+    is in the environment; its output already goes to its log."""
     spec = json.loads(os.environ.pop("SWEEPBENCH_RANK_SPEC"))
     die_with_parent(spec["parent_pid"], forked=forked)
     rank, world_size, job_dir = spec["rank"], spec["world_size"], Path(spec["job_dir"])
@@ -189,7 +200,7 @@ def main(*, forked: bool = False) -> None:
                            store=store, progress_sink=sink, job_dir=job_dir)
         if payload is not None:
             payload["env"] = capture_env()  # the versions the ranks ran with, not the driver's
-            payload["rank_start"] = "forked" if forked else "fresh"
+            payload["rank_start"] = "kept" if kept else "forked" if forked else "fresh"
             write_json_atomic(spec["payload"], payload)
     except Exception as err:
         note_rank_error(job_dir, rank, err)

@@ -20,7 +20,7 @@ from hydra.core.utils import JobStatus
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
-from sweepbench.launch import interrupt, status
+from sweepbench.launch import interrupt, preload, status
 from sweepbench.launch.preflight import fit_note, validate_config
 from sweepbench.record.atomic import write_atomic
 from sweepbench.record.recorder import WALL_PHASES
@@ -98,6 +98,13 @@ def run_sweep(sweeper: Any, arguments: list[str]) -> list[Any]:
     opts = sweeper.config.sweep
     if opts.repeats < 1:
         exit_bad_input(f"sweep.repeats={opts.repeats} must be >= 1 (how many times each job runs)")
+    launch = sweeper.config.get("launch") or {}
+    if opts.repeats > 1 and launch.get("keep_ranks"):
+        exit_bad_input(f"launch.keep_ranks=true with sweep.repeats={opts.repeats}: rounds must run in independent "
+                       f"processes, and kept ranks run every job in the same ones; drop one of them")
+    if launch.get("keep_ranks") and not launch.get("preload", True):
+        exit_bad_input("launch.keep_ranks=true with launch.preload=false: only forked ranks are kept; "
+                       "set launch.preload=true or launch.keep_ranks=false")
     jobs = plan_jobs(sweeper, arguments)
     sweep_dir = Path(sweeper.config.hydra.sweep.dir)
     if opts.dry_run:
@@ -157,6 +164,7 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
     finally:
         restore()
         status.end()
+        preload.release_kept()  # launch.keep_ranks: the sweep's ranks leave with it
     if repeats > 1:
         rounds.write_combined(sweep_dir, [j.tag for j in jobs], repeats=repeats,
                               crashed={(t, r): m for (t, r), m in crashed.items() if r is not None})

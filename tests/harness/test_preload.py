@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
+import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -60,3 +62,40 @@ def test_a_fork_is_used_only_where_it_gives_the_same_process(monkeypatch, tmp_pa
     monkeypatch.setenv("PYTORCH_SOMETHING_READ_AT_IMPORT", "1")
     assert not preload.usable(cfg())
     assert "PYTORCH_SOMETHING_READ_AT_IMPORT" in os.environ
+
+
+def _pid(log: Path) -> int:
+    return int(re.search(r", pid (\d+),", log.read_text()).group(1))
+
+
+def test_kept_ranks_run_the_next_jobs_in_the_same_processes(tmp_path: Path) -> None:
+    """launch.keep_ranks: a rank whose job ended ok takes the next job's rank of its index (same pid,
+    its log in the new job's folder, rank_start kept); a job that failed ends its ranks, so the next
+    job forks new ones; nothing is left running after the sweep."""
+    run = run_sweepbench([*TINY, "parallelism=tp2", "benchmark.iters=2,3", "fault.kind=none,raise", "fault.rank=1",
+                          "launch.keep_ranks=true"], sweep_dir=tmp_path / "kept")
+    assert run.rc == 1, run.describe()  # the two raising jobs failed
+    jobs = {(m["config"]["benchmark"]["iters"], m["config"]["fault"]["kind"]): m for m in _jobs(tmp_path / "kept")}
+    order = [(2, "none"), (2, "raise"), (3, "none"), (3, "raise")]  # the grid's order
+    assert [jobs[k]["status"] for k in order] == ["ok", "failed", "ok", "failed"]
+    assert "injected" in jobs[(2, "raise")]["error"] or "rank 1" in jobs[(2, "raise")]["error"], jobs[(2, "raise")]
+    assert jobs[(2, "none")]["rank_start"] == "forked" and jobs[(3, "none")]["rank_start"] == "forked"
+    assert jobs[(2, "none")]["verified"] and jobs[(3, "none")]["verified"]
+    pids = {k: [_pid(tmp_path / "kept" / jobs[k]["tag"] / "logs" / f"rank{r}.log") for r in (0, 1)] for k in order}
+    assert pids[(2, "raise")] == pids[(2, "none")]  # kept: the same processes ran the next job
+    assert not set(pids[(3, "none")]) & set(pids[(2, "none")])  # after a failure: new ones
+    assert pids[(3, "raise")] == pids[(3, "none")]
+    for rank in (0, 1):  # each job's rank log holds that job only
+        log = (tmp_path / "kept" / jobs[(2, "raise")]["tag"] / "logs" / f"rank{rank}.log").read_text()
+        assert log.count("=====") == 2 and f"rank {rank} of 2" in log, log
+    time.sleep(0.5)
+    for pid in {p for ps in pids.values() for p in ps}:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2], pid
+
+
+def test_kept_ranks_with_rounds_or_fresh_ranks_are_refused(tmp_path: Path) -> None:
+    for extra, words in ((["sweep.repeats=2"], "sweep.repeats=2"), (["launch.preload=false"], "launch.preload=false")):
+        run = run_sweepbench([*TINY, "parallelism=tp1", "launch.keep_ranks=true", *extra], sweep_dir=tmp_path / "x")
+        lines = run.stderr.strip().splitlines()
+        assert run.rc == 2 and len(lines) == 1 and "launch.keep_ranks=true" in lines[0] and words in lines[0], run.describe()
+        assert not (tmp_path / "x").exists() or not list((tmp_path / "x").glob("*/metrics.json"))
