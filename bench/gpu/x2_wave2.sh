@@ -40,6 +40,7 @@
 #   attn12_kept    attn12 with launch.keep_ranks=true (each rank's process runs the sweep's jobs in turn)
 #   attn32         32K, MHA and GQA-8, ring / ulysses / torch_cp with 20 timed iterations and T1 of 10 (32K's IQR is
 #                  8% of its median at 5), kept ranks (issue 20)
+#   attn64         attn32 at 64K (GQA-8 64K was 0.942 at 5 iterations, target 0.95), kept ranks (issue 20)
 #   report         report_2gpu.yaml as run_cases runs it (5 rounds a case), then compare twin and slow (issues 17, 18)
 set -u
 . bench/gpu/device_env.sh
@@ -74,9 +75,11 @@ step_attn12_fresh() {
 step_attn12_kept() {
   sb attn12_kept 200 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$MHA "benchmark.seq_len=$S16,$S32,$S64" \
      "benchmark.impl=$I4" "${ATT[@]}" launch.keep_ranks=true; }
-step_attn32() {
-  sb attn32 170 experiment=attention_llama3 parallelism=cp2 "model.num_kv_heads=$MHA,$GQA" "benchmark.seq_len=$S32" \
+attn_long() {  # NAME SEQ LIMIT: MHA and GQA-8, ring / ulysses / torch_cp, 20 timed iterations, T1 of 10, kept ranks
+  sb "$1" "$3" experiment=attention_llama3 parallelism=cp2 "model.num_kv_heads=$MHA,$GQA" "benchmark.seq_len=$2" \
      "benchmark.impl=$I3" "${ATT[@]}" benchmark.iters=20 benchmark.warmup=3 benchmark.t1_iters=10 launch.keep_ranks=true; }
+step_attn32() { attn_long attn32 $S32 170; }
+step_attn64() { attn_long attn64 $S64 250; }
 step_t1_parts() {
   sb attn_t1parts 100 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$MHA "benchmark.seq_len=$S16,$S64" \
      benchmark.impl=ring "${ATT[@]}"; }

@@ -95,12 +95,14 @@ def start_rank(env: dict[str, str], log: Path, *, index: int = 0, keep: bool = F
     os.close(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
     if keep:
         worker = _kept.pop(index, None)
-        if worker is not None and worker.proc.exitcode is None:
+        if worker is not None:
             try:
-                worker.conn.send((env, str(log)))
-                return KeptRank(worker, index)
+                if worker.proc.exitcode is None:
+                    worker.conn.send((env, str(log)))
+                    return KeptRank(worker, index)
             except OSError:  # it died between jobs: a new one
                 worker.proc.kill()
+            worker.conn.close()
     ctx = multiprocessing.get_context("forkserver")
     if _server_env is None:
         ctx.set_forkserver_preload(PRELOAD)
