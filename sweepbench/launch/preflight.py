@@ -24,8 +24,19 @@ def _check_fault_kind(cfg: DictConfig) -> None:
         raise ValueError(f"fault.kind={cfg.fault.kind!r} is not valid; choose one of {', '.join(FAULT_KINDS)}")
 
 
+def _check_keep_ranks(cfg: DictConfig) -> None:
+    if not cfg.launch.keep_ranks:
+        return
+    if cfg.sweep.repeats > 1:
+        raise ValueError(f"launch.keep_ranks=true with sweep.repeats={cfg.sweep.repeats}: rounds must run in "
+                         f"independent processes, and kept ranks run every job in the same ones; drop one of them")
+    if not cfg.launch.preload:
+        raise ValueError("launch.keep_ranks=true with launch.preload=false: only forked ranks are kept; "
+                         "set launch.preload=true or launch.keep_ranks=false")
+
+
 CHECKS: tuple[Callable[[DictConfig], None], ...] = (
-    *KNOB_CHECKS, _check_fault_kind, check_fault_factor, check_wandb_names,
+    *KNOB_CHECKS, _check_fault_kind, check_fault_factor, check_wandb_names, _check_keep_ranks,
 )
 
 

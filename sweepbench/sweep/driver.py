@@ -98,13 +98,6 @@ def run_sweep(sweeper: Any, arguments: list[str]) -> list[Any]:
     opts = sweeper.config.sweep
     if opts.repeats < 1:
         exit_bad_input(f"sweep.repeats={opts.repeats} must be >= 1 (how many times each job runs)")
-    launch = sweeper.config.get("launch") or {}
-    if opts.repeats > 1 and launch.get("keep_ranks"):
-        exit_bad_input(f"launch.keep_ranks=true with sweep.repeats={opts.repeats}: rounds must run in independent "
-                       f"processes, and kept ranks run every job in the same ones; drop one of them")
-    if launch.get("keep_ranks") and not launch.get("preload", True):
-        exit_bad_input("launch.keep_ranks=true with launch.preload=false: only forked ranks are kept; "
-                       "set launch.preload=true or launch.keep_ranks=false")
     jobs = plan_jobs(sweeper, arguments)
     sweep_dir = Path(sweeper.config.hydra.sweep.dir)
     if opts.dry_run:
