@@ -41,6 +41,11 @@
 #   attn32         32K, MHA and GQA-8, ring / ulysses / torch_cp with 20 timed iterations and T1 of 10 (32K's IQR is
 #                  8% of its median at 5), kept ranks (issue 20)
 #   attn64         attn32 at 64K (GQA-8 64K was 0.942 at 5 iterations, target 0.95), kept ranks (issue 20)
+# and for the calls of 2026-11-26 night (4-GPU steps, with usp4):
+#   profile4       W=4 (all four GPUs): rank 0's kernel timeline at 32K, MHA and GQA-8, ring / ulysses / usp: where
+#                  the W=4 ring's 14% exposed communication at 32K goes (issue 20)
+#   attn4_ends     W=4: usp / ring / ulysses at 16K and 128K, MHA (usp4 has 32K and 64K)
+#   attn16 attn128 attn32 at 16K and 128K: with attn32 and attn64, the W=2 table at 20 timed iterations (issue 20)
 #   report         report_2gpu.yaml as run_cases runs it (5 rounds a case), then compare twin and slow (issues 17, 18)
 set -u
 . bench/gpu/device_env.sh
@@ -80,6 +85,8 @@ attn_long() {  # NAME SEQ LIMIT: MHA and GQA-8, ring / ulysses / torch_cp, 20 ti
      "benchmark.impl=$I3" "${ATT[@]}" benchmark.iters=20 benchmark.warmup=3 benchmark.t1_iters=10 launch.keep_ranks=true; }
 step_attn32() { attn_long attn32 $S32 170; }
 step_attn64() { attn_long attn64 $S64 250; }
+step_attn16() { attn_long attn16 $S16 200; }
+step_attn128() { attn_long attn128 $S128 400; }
 step_t1_parts() {
   sb attn_t1parts 100 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$MHA "benchmark.seq_len=$S16,$S64" \
      benchmark.impl=ring "${ATT[@]}"; }
@@ -167,6 +174,14 @@ step_usp4() {
      "benchmark.seq_len=$S32" "${ATT[@]}"
   sb attn_usp4_mha64k 100 experiment=attention_llama3 parallelism=cp4 "benchmark.impl=usp,ring,ulysses" model.num_kv_heads=$MHA \
      "benchmark.seq_len=$S64" "${ATT[@]}"; }
+step_profile4() {
+  local dev=() kv=$MHA,$GQA; [ -n "${CPU:-}" ] && dev=(--device cpu --heads 8 --head-dim 16 --dtype float32)
+  timeout 150 torchrun --standalone --nproc-per-node 4 bench/gpu/profile_attention.py --seq-len $S32 --impls ring,ulysses,usp \
+      --kv-heads $kv "${dev[@]}" --out "$R/profile4" > "$R/profile4.log" 2>&1; echo "profile4 rc=$?" | tee -a "$OUT/steps.txt"
+  find "$R/profile4" -name "*.json.gz" -delete 2>/dev/null; }
+step_attn4_ends() {
+  sb attn_usp4_ends 200 experiment=attention_llama3 parallelism=cp4 "benchmark.impl=usp,ring,ulysses" model.num_kv_heads=$MHA \
+     "benchmark.seq_len=$S16,$S128" "${ATT[@]}" launch.keep_ranks=true; }
 step_megatron_nc() { MEG_CASES=1 step_megatron_peer; }
 step_refit_left() {
   local x=(benchmark.iters=10 launch.timeout_s=300)

@@ -13,6 +13,8 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from sweepbench.parallel.comm import subgroup
+
 
 # torch 2.13 renamed the tensor forms (the old names warn); older torch has only the old names
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -25,8 +27,6 @@ Tensors = torch.Tensor | tuple[torch.Tensor, ...]
 def _tuple(x: Tensors) -> tuple[torch.Tensor, ...]:
     return (x,) if isinstance(x, torch.Tensor) else tuple(x)
 
-
-_SUBGROUPS: dict[tuple[int, ...], dist.ProcessGroup] = {}
 
 
 class Pending(Protocol):
@@ -68,17 +68,15 @@ class Comm:
         """A Comm of the same kind over the part of ``partition`` (lists of this comm's ranks) that
         holds this rank. Every rank of the default group makes every part's group, in the same order
         (torch's member-only group creation hangs once other groups exist), so this comm must span
-        the default group; the groups are made once per process (cached)."""
+        the default group; the groups are made once per default group (``parallel.comm.subgroup``)."""
         if self.size != dist.get_world_size():
             raise ValueError(f"splitting a group of {self.size} ranks needs it to be the whole default group "
                              f"of {dist.get_world_size()} ranks")
         mine = None
         for members in partition:
-            ranks = tuple(self._global(r) for r in members)
-            if ranks not in _SUBGROUPS:
-                _SUBGROUPS[ranks] = dist.new_group(list(ranks))
+            group = subgroup(self._global(r) for r in members)
             if self.rank in members:
-                mine = _SUBGROUPS[ranks]
+                mine = group
         assert mine is not None, f"rank {self.rank} is in no part of {partition}"
         return type(self)(mine)
 

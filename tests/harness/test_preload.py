@@ -99,3 +99,19 @@ def test_kept_ranks_with_rounds_or_fresh_ranks_are_refused(tmp_path: Path) -> No
         lines = run.stderr.strip().splitlines()
         assert run.rc == 2 and len(lines) == 1 and "launch.keep_ranks=true" in lines[0] and words in lines[0], run.describe()
         assert not (tmp_path / "x").exists() or not list((tmp_path / "x").glob("*/metrics.json"))
+
+
+def test_kept_ranks_make_new_subgroups_for_the_next_jobs_world(tmp_path: Path) -> None:
+    """USP splits the world into Ulysses and ring groups (``parallel.comm.subgroup``). A kept rank's
+    next job is a new default group: the groups of the job before went with it, so they are made
+    again, not looked up (found on the CPU run of x2_wave2.sh's attn4_ends: the second USP job failed
+    with 'Group ... is not registered')."""
+    run = run_sweepbench(["benchmark=attention", "model=tiny", "backend=gloo", "benchmark.dtype=float32",
+                          "parallelism=cp4", "benchmark.impl=usp", "benchmark.seq_len=64,128", "benchmark.iters=1",
+                          "benchmark.warmup=1", "benchmark.t1_iters=1", "launch.keep_ranks=true"],
+                         sweep_dir=tmp_path / "usp")
+    assert run.rc == 0, run.describe()
+    jobs = sorted(_jobs(tmp_path / "usp"), key=lambda m: m["config"]["benchmark"]["seq_len"])
+    assert [(m["status"], m["verified"], m["rank_start"]) for m in jobs] == [("ok", True, "forked"), ("ok", True, "kept")]
+    pids = [[_pid(tmp_path / "usp" / m["tag"] / "logs" / f"rank{r}.log") for r in range(4)] for m in jobs]
+    assert pids[0] == pids[1]
