@@ -45,6 +45,7 @@
 #   profile4       W=4 (all four GPUs): rank 0's kernel timeline at 32K, MHA and GQA-8, ring / ulysses / usp: where
 #                  the W=4 ring's 14% exposed communication at 32K goes (issue 20)
 #   attn4_ends     W=4: usp / ring / ulysses at 16K and 128K, MHA (usp4 has 32K and 64K)
+#   profile64      profile32 at 64K: where 64K's last points of efficiency go (issue 20)
 #   attn16 attn128 attn32 at 16K and 128K: with attn32 and attn64, the W=2 table at 20 timed iterations (issue 20)
 #   report         report_2gpu.yaml as run_cases runs it (5 rounds a case), then compare twin and slow (issues 17, 18)
 set -u
@@ -113,6 +114,11 @@ step_profile32() {
   timeout 150 torchrun --standalone --nproc-per-node 2 bench/gpu/profile_attention.py --seq-len $S32 --impls $I3 \
       --kv-heads $kv "${dev[@]}" --out "$R/profile32" > "$R/profile32.log" 2>&1; echo "profile32 rc=$?" | tee -a "$OUT/steps.txt"
   find "$R/profile32" -name "*.json.gz" -delete 2>/dev/null; }
+step_profile64() {
+  local dev=() kv=$MHA,$GQA; [ -n "${CPU:-}" ] && dev=(--device cpu --heads 8 --head-dim 16 --dtype float32)
+  timeout 200 torchrun --standalone --nproc-per-node 2 bench/gpu/profile_attention.py --seq-len $S64 --impls $I3 \
+      --kv-heads $kv "${dev[@]}" --out "$R/profile64" > "$R/profile64.log" 2>&1; echo "profile64 rc=$?" | tee -a "$OUT/steps.txt"
+  find "$R/profile64" -name "*.json.gz" -delete 2>/dev/null; }
 step_first_call() {
   local a=(); [ -n "${CPU:-}" ] && { echo "first_call: CUDA only" | tee -a "$OUT/steps.txt"; return; }
   timeout 120 python3 bench/gpu/first_call.py --heads 32 --seqs 8192 16384 --out "$R/first_call.json" > "$R/first_call.log" 2>&1
