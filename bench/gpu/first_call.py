@@ -20,6 +20,8 @@ import multiprocessing
 import os
 import time
 
+from sweepbench.record.atomic import write_atomic
+
 
 def _maps() -> set[str]:
     with open("/proc/self/maps") as f:
@@ -103,8 +105,7 @@ def main() -> None:
         result[mode]["exitcode"] = proc.exitcode
         print(mode, json.dumps({k: v for k, v in result[mode].items() if not k.startswith("libs")}), flush=True)
     print("dlopen_s", result.get("dlopen_s"), "libs", [os.path.basename(l) for l in result.get("dlopened", [])])
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    write_atomic(args.out, json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

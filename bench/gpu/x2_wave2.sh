@@ -104,21 +104,16 @@ step_cp_peer() {  # twin, harness, twin, harness: both sides see the same drift 
     sb torch_cp_r$r 100 experiment=attention_llama3 parallelism=cp2 model.num_kv_heads=$MHA benchmark.impl=$CPI \
        "benchmark.seq_len=$S16,$S32" "${ATT[@]}" benchmark.iters=10 benchmark.warmup=3
   done; }
-step_profile() {
+prof() {  # NAME NPROC SEQ IMPLS KV LIMIT: rank 0's kernel timelines (profile_attention.py); the traces are large,
+          # their summaries come back
   local dev=(); [ -n "${CPU:-}" ] && dev=(--device cpu --heads 8 --head-dim 16 --dtype float32)
-  timeout 120 torchrun --standalone --nproc-per-node 2 bench/gpu/profile_attention.py --seq-len $S16 --impls $I3 \
-      --kv-heads $MHA "${dev[@]}" --out "$R/profile" > "$R/profile.log" 2>&1; echo "profile rc=$?" | tee -a "$OUT/steps.txt"
-  find "$R/profile" -name "*.json.gz" -delete 2>/dev/null; }   # the traces are large: their summaries come back
-step_profile32() {
-  local dev=() kv=$MHA,$GQA; [ -n "${CPU:-}" ] && dev=(--device cpu --heads 8 --head-dim 16 --dtype float32)
-  timeout 150 torchrun --standalone --nproc-per-node 2 bench/gpu/profile_attention.py --seq-len $S32 --impls $I3 \
-      --kv-heads $kv "${dev[@]}" --out "$R/profile32" > "$R/profile32.log" 2>&1; echo "profile32 rc=$?" | tee -a "$OUT/steps.txt"
-  find "$R/profile32" -name "*.json.gz" -delete 2>/dev/null; }
-step_profile64() {
-  local dev=() kv=$MHA,$GQA; [ -n "${CPU:-}" ] && dev=(--device cpu --heads 8 --head-dim 16 --dtype float32)
-  timeout 200 torchrun --standalone --nproc-per-node 2 bench/gpu/profile_attention.py --seq-len $S64 --impls $I3 \
-      --kv-heads $kv "${dev[@]}" --out "$R/profile64" > "$R/profile64.log" 2>&1; echo "profile64 rc=$?" | tee -a "$OUT/steps.txt"
-  find "$R/profile64" -name "*.json.gz" -delete 2>/dev/null; }
+  timeout "$6" torchrun --standalone --nproc-per-node "$2" bench/gpu/profile_attention.py --seq-len "$3" --impls "$4" \
+      --kv-heads "$5" "${dev[@]}" --out "$R/$1" > "$R/$1.log" 2>&1; echo "$1 rc=$?" | tee -a "$OUT/steps.txt"
+  find "$R/$1" -name "*.json.gz" -delete 2>/dev/null; }
+step_profile() { prof profile 2 $S16 $I3 $MHA 120; }
+step_profile32() { prof profile32 2 $S32 $I3 $MHA,$GQA 150; }
+step_profile64() { prof profile64 2 $S64 $I3 $MHA,$GQA 200; }
+step_profile4() { prof profile4 4 $S32 ring,ulysses,usp $MHA,$GQA 150; }
 step_first_call() {
   local a=(); [ -n "${CPU:-}" ] && { echo "first_call: CUDA only" | tee -a "$OUT/steps.txt"; return; }
   timeout 120 python3 bench/gpu/first_call.py --heads 32 --seqs 8192 16384 --out "$R/first_call.json" > "$R/first_call.log" 2>&1
@@ -180,11 +175,6 @@ step_usp4() {
      "benchmark.seq_len=$S32" "${ATT[@]}"
   sb attn_usp4_mha64k 100 experiment=attention_llama3 parallelism=cp4 "benchmark.impl=usp,ring,ulysses" model.num_kv_heads=$MHA \
      "benchmark.seq_len=$S64" "${ATT[@]}"; }
-step_profile4() {
-  local dev=() kv=$MHA,$GQA; [ -n "${CPU:-}" ] && dev=(--device cpu --heads 8 --head-dim 16 --dtype float32)
-  timeout 150 torchrun --standalone --nproc-per-node 4 bench/gpu/profile_attention.py --seq-len $S32 --impls ring,ulysses,usp \
-      --kv-heads $kv "${dev[@]}" --out "$R/profile4" > "$R/profile4.log" 2>&1; echo "profile4 rc=$?" | tee -a "$OUT/steps.txt"
-  find "$R/profile4" -name "*.json.gz" -delete 2>/dev/null; }
 step_attn4_ends() {
   sb attn_usp4_ends 200 experiment=attention_llama3 parallelism=cp4 "benchmark.impl=usp,ring,ulysses" model.num_kv_heads=$MHA \
      "benchmark.seq_len=$S16,$S128" "${ATT[@]}" launch.keep_ranks=true; }

@@ -28,7 +28,6 @@ def _tuple(x: Tensors) -> tuple[torch.Tensor, ...]:
     return (x,) if isinstance(x, torch.Tensor) else tuple(x)
 
 
-
 class Pending(Protocol):
     def wait(self) -> None: ...
 

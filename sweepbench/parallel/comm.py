@@ -21,7 +21,7 @@ DEFAULT_BUCKET_BYTES = 32 << 20
 # ---------------------------------------------------------------------------- groups
 
 _GROUPS: dict[tuple[int, ...], Any] = {}
-_GROUPS_OF: list[Any] = [None]  # the default group that _GROUPS' groups belong to
+_GROUPS_OF: Any = None  # the default group that _GROUPS' groups belong to
 
 
 def subgroup(ranks: Iterable[int]) -> Any:
@@ -32,12 +32,13 @@ def subgroup(ranks: Iterable[int]) -> Any:
     derive that sequence from the plan, which is identical everywhere). The cache holds
     for one default group: a process that makes a new one (a kept rank's next job,
     ``launch.keep_ranks``) gets new groups, the old ones having gone with their world."""
+    global _GROUPS_OF
     key = tuple(sorted(set(ranks)))
     if key == tuple(range(dist.get_world_size())):
         return dist.group.WORLD
-    if _GROUPS_OF[0] is not dist.group.WORLD:
+    if _GROUPS_OF is not dist.group.WORLD:
         _GROUPS.clear()
-        _GROUPS_OF[0] = dist.group.WORLD
+        _GROUPS_OF = dist.group.WORLD
     if key not in _GROUPS:
         _GROUPS[key] = dist.new_group(list(key))
     return _GROUPS[key]
