@@ -60,6 +60,10 @@ def _stop(procs: list[subprocess.Popen]) -> None:
     for proc in procs:
         if proc.poll() is None:
             proc.kill()
+            try:  # what the rank started in its session's group (it leads one: start_new_session, setsid)
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
     for proc in procs:
         try:
             proc.wait(timeout=10)

@@ -11,6 +11,7 @@ kept (sweepbench's torch implementation is out-of-place for every op but all_red
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ BINARIES = {"all_reduce": "all_reduce_perf", "all_gather": "all_gather_perf",
             "reduce_scatter": "reduce_scatter_perf", "broadcast": "broadcast_perf",
             "all_to_all": "alltoall_perf", "send_recv": "sendrecv_perf"}
 NCCL_DTYPES = {"float32": "float", "bfloat16": "bfloat16", "float16": "half"}
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 BUILD_HINT = "build one with: bench/peers/build_nccl_tests.sh <nccl-tests source dir>"
 
 
@@ -82,9 +84,14 @@ def parse_output(text: str) -> list[Row]:
         tok = line.split()
         if len(tok) < 13 or not (tok[0].isdigit() and tok[1].isdigit()):
             continue
-        rows.append(Row(size_bytes=int(tok[0]), count=int(tok[1]), dtype=tok[2], time_us=float(tok[5]),
-                        algbw_gbps=float(tok[6]), busbw_gbps=float(tok[7]),
-                        wrong=None if tok[8] == "N/A" else int(float(tok[8]))))
+        try:
+            row = Row(size_bytes=int(tok[0]), count=int(tok[1]), dtype=tok[2], time_us=float(tok[5]),
+                      algbw_gbps=float(tok[6]), busbw_gbps=float(tok[7]),
+                      wrong=None if tok[8] == "N/A" else int(float(tok[8])))
+        except (ValueError, OverflowError):  # not a result line after all: counted missing below
+            continue
+        if math.isfinite(row.time_us) and row.time_us > 0:
+            rows.append(row)
     return rows
 
 
@@ -107,7 +114,7 @@ def cases_from_rows(op: str, rows: list[Row], *, sizes: list[int], world_size: i
         by_size.setdefault(row.size_bytes, []).append(row)
     if len(by_size) != len(sizes) or any(len(r) != cfg.iters for r in by_size.values()):
         got = {s: len(r) for s, r in by_size.items()}
-        raise ValueError(f"{BINARIES[op]} printed lines per size {got}; expected {cfg.iters} for each of "
+        raise ValueError(f"{BINARIES[op]} printed result lines per size {got}; expected {cfg.iters} for each of "
                          f"{len(sizes)} sizes")
     cases = []
     for size, mine in sorted(by_size.items()):
@@ -138,16 +145,55 @@ def library_path() -> str:
     return os.pathsep.join(d for d in (*dirs, os.environ.get("LD_LIBRARY_PATH", "")) if d)
 
 
-def _run_binary(cmd: list[str], out_file: Path | None) -> str:
+def _die_with_rank(parent_pid: int) -> Callable[[], None]:
+    """The binary's pre-exec step: SIGKILL it when the rank that started it dies, however the rank
+    dies (a job timeout or a stop SIGKILLs the rank, which cannot clean up then)."""
+    import ctypes
+    import signal
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def pre_exec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the rank died before prctl ran
+            os._exit(1)
+
+    return pre_exec
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _run_binary(cmd: list[str], out_file: Path | None, *, timeout_s: float) -> str:
+    """Run one nccl-tests binary to its end, within ``timeout_s`` (the job's timeout). It runs in a
+    process group of its own, killed whole on the timeout or on any error here, and dies with the
+    rank (PR_SET_PDEATHSIG), so nothing it started outlives the job."""
     from sweepbench.record.atomic import write_atomic
 
-    proc = subprocess.run(cmd, env={**os.environ, "LD_LIBRARY_PATH": library_path()}, capture_output=True, text=True)
-    text = proc.stdout + (f"\n# stderr:\n{proc.stderr}" if proc.stderr else "")
+    proc = subprocess.Popen(cmd, env={**os.environ, "LD_LIBRARY_PATH": library_path()}, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
+                            start_new_session=True, preexec_fn=_die_with_rank(os.getpid()))
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        proc.communicate()
+        raise RuntimeError(f"{' '.join(cmd)} did not finish within launch.timeout_s={timeout_s:g}s; "
+                           f"it was killed (its process group {proc.pid})") from None
+    finally:
+        _kill_group(proc)  # whatever it left behind in its group; and the binary itself on an error here
+    text = stdout + (f"\n# stderr:\n{stderr}" if stderr else "")
     if out_file is not None:
         out_file.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(out_file, " ".join(cmd) + "\n" + text)
     if proc.returncode != 0:
-        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        tail = " | ".join((stderr or stdout).strip().splitlines()[-3:])
         raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}: {tail}")
     return text
 
@@ -160,7 +206,8 @@ def run_cases(ctx: Any, cfg: Any, grid: list[tuple[str, int]],
     from sweepbench.measure.collectives import OPS
     from sweepbench.measure.timing import ops_per_sample
 
-    waiting_room = dist.new_group(backend="gloo", timeout=timedelta(seconds=ctx.cfg.launch.timeout_s))
+    # the others outwait rank 0's binary, which is killed at launch.timeout_s, so rank 0 tells why
+    waiting_room = dist.new_group(backend="gloo", timeout=timedelta(seconds=ctx.cfg.launch.timeout_s + 60))
     k = ops_per_sample(cfg.ops_per_sample, short_ops=True)
     n = ctx.world_size
     cases: list[dict[str, Any]] = []
@@ -173,7 +220,7 @@ def run_cases(ctx: Any, cfg: Any, grid: list[tuple[str, int]],
                 cmd = command(Path(cfg.nccl_tests_dir).expanduser().resolve() / BINARIES[op], world_size=n,
                               cfg=cfg, ops_per_sample=k)
                 out = ctx.job_dir / "nccl_tests" / f"{op}.txt" if ctx.job_dir else None
-                text = _run_binary(cmd, out)
+                text = _run_binary(cmd, out, timeout_s=ctx.cfg.launch.timeout_s)
                 runs[op] = {"command": " ".join(cmd), **header(text)}
                 for case in cases_from_rows(op, parse_output(text), sizes=sizes, world_size=n, cfg=cfg,
                                             ops_per_sample=k, busbw_factor=OPS[op].busbw_factor(n)):

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import re
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -178,13 +181,13 @@ def test_a_complete_build_needs_gpus(tmp_path: Path) -> None:
 # records its arguments: what runs is sweepbench's side (who launches, who waits, what is kept).
 
 
-def peer_job(rank: int, world_size: int, build: str, job_dir: str) -> dict[str, Any]:
+def peer_job(rank: int, world_size: int, build: str, job_dir: str, timeout_s: float = 60) -> dict[str, Any]:
     import torch
 
     from sweepbench.core import RankContext
     from sweepbench.measure.nccl_tests import run_cases
 
-    cfg = OmegaConf.create({"launch": {"timeout_s": 60}, "benchmark": {
+    cfg = OmegaConf.create({"launch": {"timeout_s": timeout_s}, "benchmark": {
         **_cfg(max_bytes=64 << 20), "ops": ["all_reduce"], "nccl_tests_dir": build}})
     ctx = RankContext(rank=rank, world_size=world_size, local_rank=rank, device=torch.device("cpu"),
                       backend="gloo", cfg=cfg, job_dir=Path(job_dir))
@@ -192,8 +195,8 @@ def peer_job(rank: int, world_size: int, build: str, job_dir: str) -> dict[str, 
     grid = [("all_reduce", s) for s in (1 << 20, 4 << 20, 16 << 20, 64 << 20)]
     try:
         done = run_cases(ctx, cfg.benchmark, grid, seen.append)
-    except RuntimeError as err:
-        return {"error": str(err)}
+    except (RuntimeError, ValueError) as err:
+        return {"error": f"{type(err).__name__}: {err}"}
     return {**done, "seen": len(seen)}
 
 
@@ -227,6 +230,83 @@ def test_a_failing_binary_fails_rank_0_and_releases_the_others(worlds: Any, tmp_
     r0, r1 = worlds.get(2).run(peer_job, str(build), str(tmp_path / "job"))
     assert "all_reduce_perf -g 2" in r0["error"] and "exited with 1: Invalid number of GPUs" in r0["error"]
     assert r1["cases"] == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def _pids(path: Path, count: int, *, within_s: float = 30) -> list[int]:
+    deadline = time.monotonic() + within_s
+    while True:
+        if path.exists() and len(text := path.read_text().split()) == count:
+            return [int(pid) for pid in text]
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    raise AssertionError(f"{path} did not get {count} pids")
+
+
+def test_a_hung_binary_and_what_it_started_are_gone_after_the_job_timeout(worlds: Any, tmp_path: Path) -> None:
+    """A stand-in that hangs, with a child of its own: both are killed (the binary's own process
+    group) when the job's launch.timeout_s runs out, the job fails naming the timeout, rank 1 is
+    released."""
+    build, pids = tmp_path / "build", tmp_path / "pids"
+    _stand_in(build, f"sleep 300 &\necho $$ $! > {pids}.tmp && mv {pids}.tmp {pids}\nwait\n")
+    tic = time.monotonic()
+    r0, r1 = worlds.get(2).run(peer_job, str(build), str(tmp_path / "job"), 3)
+    took = time.monotonic() - tic
+    binary, child = _pids(pids, 2, within_s=0)
+    assert 3 <= took < 20, took
+    assert r0["error"].startswith("RuntimeError: ") and "all_reduce_perf -g 2" in r0["error"], r0
+    assert "did not finish within launch.timeout_s=3s; it was killed" in r0["error"], r0
+    assert r1["cases"] == []
+    deadline = time.monotonic() + 5
+    while (_alive(binary) or _alive(child)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(binary) and not _alive(child), (binary, child)
+
+
+def test_a_hung_binary_dies_with_the_rank_that_started_it(tmp_path: Path) -> None:
+    """The launcher's job timeout or a stop SIGKILLs the rank, which cannot clean up then: the
+    binary dies with it (PR_SET_PDEATHSIG)."""
+    build, pids = tmp_path / "build", tmp_path / "pids"
+    _stand_in(build, f"echo $$ > {pids}.tmp && mv {pids}.tmp {pids}\nexec sleep 300\n")
+    code = ("from pathlib import Path; from sweepbench.measure.nccl_tests import _run_binary; "
+            f"_run_binary([{str(build / BINARIES['all_reduce'])!r}], None, timeout_s=300)")
+    rank = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        (binary,) = _pids(pids, 1)
+        assert _alive(binary)
+        rank.kill()
+        rank.wait(10)
+        deadline = time.monotonic() + 5
+        while _alive(binary) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(binary), binary
+    finally:
+        rank.kill()
+
+
+@pytest.mark.parametrize("junk", ["text", "numbers", "binary", "zero_time"])
+def test_a_binary_printing_junk_fails_the_job_with_one_clear_error(worlds: Any, tmp_path: Path, junk: str) -> None:
+    build = tmp_path / "build"
+    script = {"text": "echo 'Segmentation fault? no: just junk'\nseq 1 5\n",
+              "numbers": "i=0; while [ $i -lt 4 ]; do echo '1048576 262144 float sum -1 x.y 1 1 0 1 1 1 0'; "
+                         "i=$((i+1)); done\n",
+              "binary": "head -c 4096 /dev/urandom\n",
+              "zero_time": "for s in 1048576 4194304 16777216 67108864; do "
+                           "echo \"$s 1 float sum -1 0.00 0 0 0 0 0 0 0\"; done\n"}[junk]
+    _stand_in(build, script)
+    r0, r1 = worlds.get(2).run(peer_job, str(build), str(tmp_path / "job"))
+    assert r0["error"].startswith("ValueError: all_reduce_perf printed result lines per size {}; expected 1 "
+                                  "for each of 4 sizes"), r0
+    assert r1["cases"] == []
+    assert (tmp_path / "job" / "nccl_tests" / "all_reduce.txt").exists()  # what it printed is kept
 
 
 def test_the_plot_has_a_line_per_impl() -> None:
