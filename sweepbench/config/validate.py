@@ -90,6 +90,22 @@ def _check_positive(cfg: DictConfig) -> None:
         raise ValueError(f"launch.timeout_s={cfg.launch.timeout_s} must be a finite number of seconds > 0")
 
 
+MAX_REPEATS = 1000  # rounds of each job; each is a fresh launch of every job of the grid
+
+
+def check_repeats(repeats: int) -> None:
+    """``sweep.repeats``: how many times each job runs, 1..MAX_REPEATS."""
+    if repeats < 1:
+        raise ValueError(f"sweep.repeats={repeats} must be >= 1 (how many times each job runs)")
+    if repeats > MAX_REPEATS:
+        raise ValueError(f"sweep.repeats={repeats} is more than {MAX_REPEATS} rounds (how many times each job "
+                         f"runs, each a fresh launch of every job); use 1..{MAX_REPEATS}")
+
+
+def _check_sweep(cfg: DictConfig) -> None:
+    check_repeats(cfg.sweep.repeats)
+
+
 def _check_choices(cfg: DictConfig) -> None:
     choices = {
         "backend.name": (cfg.backend.name, BACKENDS),
@@ -146,5 +162,5 @@ def _check_parallelism(cfg: DictConfig) -> None:
 
 
 CHECKS: tuple[Callable[[DictConfig], None], ...] = (
-    _check_positive, _check_choices, _check_model, _check_parallelism,
+    _check_positive, _check_sweep, _check_choices, _check_model, _check_parallelism,
 )

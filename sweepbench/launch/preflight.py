@@ -6,6 +6,7 @@ would be valid."""
 from __future__ import annotations
 
 import os
+import sys
 from typing import Callable
 
 from omegaconf import DictConfig
@@ -33,6 +34,10 @@ def _check_keep_ranks(cfg: DictConfig) -> None:
     if not cfg.launch.preload:
         raise ValueError("launch.keep_ranks=true with launch.preload=false: only forked ranks are kept; "
                          "set launch.preload=true or launch.keep_ranks=false")
+    python = str(cfg.launch.python or "")
+    if python and os.path.abspath(python) != os.path.abspath(sys.executable):
+        raise ValueError(f"launch.keep_ranks=true with launch.python={python}: only ranks forked from the "
+                         f"driver's own interpreter ({sys.executable}) are kept; drop one of them")
 
 
 CHECKS: tuple[Callable[[DictConfig], None], ...] = (

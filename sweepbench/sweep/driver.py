@@ -20,7 +20,9 @@ from hydra.core.utils import JobStatus
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
+from sweepbench.config.validate import check_repeats
 from sweepbench.launch import interrupt, preload, status
+from sweepbench.launch.interpreter import check_interpreter
 from sweepbench.launch.preflight import fit_note, validate_config
 from sweepbench.record.atomic import write_atomic
 from sweepbench.record.recorder import WALL_PHASES
@@ -29,7 +31,7 @@ from sweepbench.sweep.compose import JobComposer
 from sweepbench.sweep.errors import error_line, exit_bad_input
 from sweepbench.sweep.report import print_plan
 from sweepbench.sweep.sweepdir import SweepLock, check_writable
-from sweepbench.sweep.tags import make_tag
+from sweepbench.sweep.tags import check_not_collapsed, make_tag
 
 
 @dataclass
@@ -74,6 +76,10 @@ def plan_jobs(sweeper: Any, arguments: list[str]) -> list[PlannedJob]:
             if fit and not dry_run:
                 raise ValueError(fit)
             tag = make_tag(cfg, world_size=world_size)
+            if local:
+                check_interpreter(str(cfg.launch.python or ""))
+            if tag in jobs:  # the same job twice, unless only sweep-wide settings differ: refused
+                check_not_collapsed(jobs[tag].cfg, cfg)
         except (ValueError, HydraException) as err:
             where = " ".join(overrides) or "(defaults)"
             exit_bad_input(f"{error_line(err)} (in job: {where})")
@@ -96,8 +102,10 @@ def _resume_command(sweep_dir: Path) -> str:
 
 def run_sweep(sweeper: Any, arguments: list[str]) -> list[Any]:
     opts = sweeper.config.sweep
-    if opts.repeats < 1:
-        exit_bad_input(f"sweep.repeats={opts.repeats} must be >= 1 (how many times each job runs)")
+    try:
+        check_repeats(opts.repeats)
+    except ValueError as err:
+        exit_bad_input(str(err))
     jobs = plan_jobs(sweeper, arguments)
     sweep_dir = Path(sweeper.config.hydra.sweep.dir)
     if opts.dry_run:

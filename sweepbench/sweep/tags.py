@@ -97,3 +97,25 @@ def make_tag(cfg: DictConfig, *, world_size: int) -> str:
         raise ValueError(f"sweep.tag_max_len={cfg.sweep.tag_max_len} is too short for the tag's fixed "
                          f"part; use at least {HASH_LEN + len(tail)}")
     return head[:room] + config_hash(cfg) + tail
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        return {k: v for key, value in node.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): node}
+
+
+def check_not_collapsed(first: DictConfig, second: DictConfig) -> None:
+    """Two jobs of a grid with the same tag: the same job twice (kept once), unless their configs
+    differ where a tag does not look (the output-only keys: launch, sweep, wandb): a swept
+    ``launch.keep_ranks=true,false`` or ``sweep.repeats=1,3`` would silently run as one job with
+    one of its values. ValueError (one line) naming the key and its values."""
+    a = _flat(OmegaConf.to_container(first, resolve=True))
+    b = _flat(OmegaConf.to_container(second, resolve=True))
+    differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    if differ:
+        key = differ[0]
+        raise ValueError(f"{key} is swept ({json.dumps(a.get(key))}, {json.dumps(b.get(key))}), but it is a setting of how jobs run, not "
+                         f"of what they measure: the jobs would be one, run with one of its values; "
+                         f"run one sweep per value")
+
