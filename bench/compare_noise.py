@@ -8,7 +8,7 @@ then ``sweepbench compare base_i twin_i`` (target: no `slower`, no `faster`) and
 ``sweepbench compare base_i slow_i`` (target: every case `slower`). Writes OUT.json and OUT.md.
 
     PYTHONPATH=$PWD nohup python bench/compare_noise.py --pairs 10 --work /tmp/compare_noise \\
-        --out docs/results/compare_noise_cpu > /tmp/compare_noise.log 2>&1 &
+        --out multirun/compare_noise_cpu > /tmp/compare_noise.log 2>&1 &
 
 Resumable: a sweep whose results.csv says every job is ok is not run again (rerun the same
 command after a stop); the comparisons are always recomputed from the sweeps on disk."""
@@ -121,7 +121,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--work", type=Path, default=Path("/tmp/compare_noise"), help="where the sweeps go")
-    parser.add_argument("--out", type=Path, default=Path("docs/results/compare_noise_cpu"),
+    parser.add_argument("--out", type=Path, default=Path("multirun/compare_noise_cpu"),
                         help="OUT.json and OUT.md are written")
     args = parser.parse_args()
     tic, load_start = time.monotonic(), load()

@@ -1,6 +1,6 @@
 """Harness overhead: an 8-job sweepbench sweep vs the same 8 jobs as bare torchrun commands.
 
-    python bench/harness_overhead.py [--repeats 3] [--out docs/results/harness_overhead.json]
+    python bench/harness_overhead.py [--repeats 3] [--out multirun/harness_overhead.json]
 
 Both sides run the smallest collective config (one 1 KiB message, 5 timed iterations) over
 parallelism tp1,tp2 x ops all_reduce,broadcast x dtype float32,bfloat16, on gloo. sweepbench's
@@ -18,6 +18,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from sweepbench.record.atomic import write_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 GRID = {"tp": [1, 2], "ops": ["all_reduce", "broadcast"], "dtype": ["float32", "bfloat16"]}
@@ -46,7 +48,7 @@ def run_bare(workdir: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "results" / "harness_overhead.json")
+    parser.add_argument("--out", type=Path, default=Path("multirun") / "harness_overhead.json")
     args = parser.parse_args()
     times: dict[str, list[float]] = {"sweepbench": [], "torchrun": []}
     for _ in range(args.repeats):  # interleaved, so drift hits both sides alike
@@ -59,7 +61,7 @@ def main() -> None:
               "ratio": med["sweepbench"] / med["torchrun"], "target_ratio": 1.25,
               "command": "python bench/harness_overhead.py --repeats %d" % args.repeats}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_atomic(args.out, json.dumps(report, indent=2) + "\n")
     print(f"8 jobs: sweepbench {med['sweepbench']:.1f} s, bare torchrun {med['torchrun']:.1f} s, "
           f"ratio {report['ratio']:.2f} (target <= 1.25)")
 

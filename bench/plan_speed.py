@@ -5,9 +5,9 @@ sequence lengths = 1056 jobs, each composed, validated, fit-checked and tagged, 
 printed. Each repeat is a fresh ``python -m sweepbench ... sweep.dry_run=true`` subprocess
 (imports included), timed by the wall clock; the child's CPU seconds (user + sys) are kept too,
 and the load average around each repeat, since on a shared machine the wall time also measures
-the neighbours. Target (issue 18): a 1000-job grid planned in <= 30 s on a 2-core machine.
+the neighbours. Target: a 1000-job grid planned in <= 30 s on a 2-core machine.
 
-    python bench/plan_speed.py --out docs/results/plan_speed.json
+    python bench/plan_speed.py --out multirun/plan_speed.json
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import threading
 
 import torch
 
-from sweepbench.attention.comm import Comm, _Done, _tuple
+from sweepbench.attention.comm import Comm
 from sweepbench.attention.ops import get_backend, sdpa_attention
 from sweepbench.attention.placement import shard_sequence, unshard_sequence
 from sweepbench.attention.ring import RingAttention, RingOptions
@@ -37,11 +37,20 @@ class ThreadComm(Comm):
 
     def ring_exchange(self, send, recv, *, reverse=False):
         dst = (self.rank + (-1 if reverse else 1)) % self.size
-        self.boxes[dst][reverse].put([s.clone() for s in _tuple(send)])
-        for r, got in zip(_tuple(recv), self.boxes[self.rank][reverse].get(timeout=600)):
+        sends = (send,) if isinstance(send, torch.Tensor) else tuple(send)
+        recvs = (recv,) if isinstance(recv, torch.Tensor) else tuple(recv)
+        self.boxes[dst][reverse].put([s.clone() for s in sends])
+        for r, got in zip(recvs, self.boxes[self.rank][reverse].get(timeout=600)):
             assert r.shape == got.shape, f"rank {self.rank} expects {tuple(r.shape)}, was sent {tuple(got.shape)}"
             r.copy_(got)
-        return _Done()
+        return Done()
+
+
+class Done:
+    """An exchange that finished when it was issued (the copies above ran on the caller's stream)."""
+
+    def wait(self) -> None:
+        pass
 
 
 class Ctx:

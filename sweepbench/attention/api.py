@@ -14,7 +14,7 @@ from sweepbench.attention.dilated import branches_of
 from sweepbench.attention.ops import SDPA_BACKENDS, backends_for, get_backend
 from sweepbench.attention.registry import get_impl
 
-# fastest first, where several can run (on an H200 cuDNN beats flash by ~1.65x, see docs/results.md)
+# fastest first, where several can run (on an H200 cuDNN beats flash by ~1.65x: t1_backends in the run behind docs/results/attention_h200x1.md)
 PREFERENCE = ("cudnn", "flash", "efficient", "cpu_flash")
 
 

@@ -32,7 +32,8 @@ from sweepbench.attention.placement import shard_sequence, unshard_sequence
 from sweepbench.attention.registry import get_impl
 from sweepbench.attention.reuse import SweepStore
 from sweepbench.attention.scaling import Shape, attention_flops, make_inputs, mismatch, peak_tflops
-from sweepbench.attention.single import T1Case, t1_and_reference
+from sweepbench.attention.efficiency import efficiency, efficiency_local
+from sweepbench.attention.single import T1Case, t1_and_reference, t1_local
 from sweepbench.core import VerificationError
 from sweepbench.measure import summarize, time_iterations
 from sweepbench.measure.memory import memory_peaks, reset_peaks
@@ -87,6 +88,7 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
     t1_stats = t1["stats"]
     t1_backend = min(t1_stats, key=lambda n: t1_stats[n]["median_s"])
     backend = t1_backend if sdpa_backend == "auto" else sdpa_backend
+    t1_local_s = t1_local(rank, t1_case, world_size=world_size, backend=t1_backend)
     spec = get_impl(impl)
     steps = 3 + spec.own_comm  # T1, verified, timed, and the same without communication
     phase_s["t1_and_reference"] = time.perf_counter() - tic
@@ -224,7 +226,11 @@ def _report(v: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
         # an impl with a context (torch_cp): entered once around each loop, warm-up and timed iterations
         "context_entries": len(v["context_entries"]) if spec.context else None,
         "context_entry_s": statistics.median(v["context_entries"]) if spec.context else None,
-        "efficiency": t1 / (w * t), "flop_count": flops, "flop_count_note": FLOP_NOTE,
+        "efficiency": efficiency(t1, t, w), "t1_local_s": v["t1_local_s"],
+        "efficiency_local": None if v["t1_local_s"] is None else efficiency_local(v["t1_local_s"], t, w),
+        "efficiency_note": "efficiency = T1 / (W * T_W), T1 one device over the whole length; efficiency_local = "
+                           "W * T1(L/W) / T_W, T1(L/W) one device at the per-GPU length",
+        "flop_count": flops, "flop_count_note": FLOP_NOTE,
         "tflops": flops / t / 1e12, "tflops_per_gpu": per_gpu, "device_peak_tflops": peak,
         "tokens_per_s": shape.batch * shape.seq_len / t,
         "no_comm_median_s": None if exposed is None else t - exposed,
@@ -240,6 +246,8 @@ def _report(v: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
         summary["bwd_median_ms"] = stats["bwd"]["median_s"] * 1e3
     if exposed is not None:
         summary["exposed_comm_fraction"] = case["exposed_comm_fraction"]
+    if case["efficiency_local"] is not None:
+        summary["t1_local_ms"], summary["efficiency_local"] = v["t1_local_s"] * 1e3, case["efficiency_local"]
     if spec.context:
         summary["context_entry_ms"] = case["context_entry_s"] * 1e3
     summary["t1_reused"] = float(v["t1_reused"])

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -141,6 +141,25 @@ def t1_and_reference(rank: int, inputs: list["torch.Tensor"], case: T1Case, *, c
         raise RuntimeError(f"the whole sequence does not run on one device with any SDPA backend, so there is "
                            f"no T1 and no reference: {t1['refused']}")
     return t1, reference, reused
+
+
+def t1_local(rank: int, case: T1Case, *, world_size: int, backend: str) -> float | None:
+    """T1 at the per-GPU length (median seconds of one device at ``seq_len // world_size`` with
+    ``backend``, measured in a child as T1 is; on every rank), the base of ``efficiency_local``.
+    None at W=1, for a dilated pattern (its segments are sized for the whole length) and where
+    the backend refuses the shorter sequence."""
+    import torch
+
+    from sweepbench.measure import summarize
+
+    if world_size == 1 or case.pattern != "dense" or case.seq_len % world_size:
+        return None
+    box: list[float | None] = [None]
+    if rank == 0:
+        times, _, _ = probe_backends(replace(case, seq_len=case.seq_len // world_size), [backend])
+        box = [summarize(times[backend])["median_s"] if backend in times else None]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def _measure(inputs: list["torch.Tensor"], case: T1Case, *, candidates: list[str], fault: str,

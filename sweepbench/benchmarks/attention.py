@@ -16,7 +16,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, Plot
+from sweepbench.attention.efficiency import efficiency_local
+from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, PageSpec, Plot
 from sweepbench.benchmarks.registry import register
 from sweepbench.config.schema import BenchmarkConfig
 
@@ -42,6 +43,28 @@ class AttentionConfig(BenchmarkConfig):
     # test knob: exit | kill | raise | segfault: a first T1 candidate "fault" whose probe process does that
     t1_fault: str = ""
     seed: int = 0
+
+
+# the ring's scaling targets at W=2, by sequence length (efficiency, T1 at the whole length)
+EFFICIENCY_TARGETS = {16384: 0.82, 32768: 0.92, 65536: 0.95, 131072: 0.98}
+
+
+def _page_derive(rows: list[dict[str, Any]], pool: list[dict[str, Any]]) -> None:
+    """T1 at the per-GPU length from any run on the machine (the latest at the most T1 iterations
+    that measured the same shape at L/W), efficiency_local from it, and the target where one exists."""
+    t1: dict[tuple, dict[str, Any]] = {}
+    for r in sorted(pool, key=lambda r: (float(r.get("t1_iters") or 0), r["_order"])):
+        if r.get("t1_ms"):
+            t1[(r["model"], r["pattern"], r["heads"], r["kv_heads"], int(r["seq_len"]))] = r
+    for r in rows:
+        w, seq = int(r["world_size"]), int(r["seq_len"])
+        local = t1.get((r["model"], r["pattern"], r["heads"], r["kv_heads"], seq // w)) if w > 1 else None
+        if local:
+            r["t1_local_ms"] = local["t1_ms"]
+            r["efficiency_local"] = efficiency_local(float(local["t1_ms"]), float(r["median_ms"]), w)
+        target = EFFICIENCY_TARGETS.get(seq) if w == 2 and r["pattern"] == "dense" else None
+        if target is not None and r.get("efficiency"):
+            r["efficiency_target"], r["meets_target"] = target, float(r["efficiency"]) >= target
 
 
 @register("attention")
@@ -72,6 +95,23 @@ class AttentionBenchmark(Benchmark):
         check_case(impl=b.impl, pattern=b.pattern, seq_len=b.seq_len, world_size=w, num_heads=m.num_heads,
                    causal=b.causal, segment_lengths=list(b.segment_lengths), dilation_rates=list(b.dilation_rates),
                    device_type=device_type(cfg), sdpa_backend=b.sdpa_backend, batch_size=b.batch_size)
+
+    @classmethod
+    def page(cls) -> PageSpec:
+        return PageSpec(
+            case=("impl", "world_size", "model", "pattern", "heads", "kv_heads", "seq_len"),
+            columns=("model", "pattern", "heads", "kv_heads", "seq_len", "t1_ms", "efficiency", "t1_local_ms",
+                     "efficiency_local", "exposed_comm", "efficiency_target", "meets_target", "verified"),
+            derive=_page_derive,
+            notes=("`efficiency` = T1 / (W · T_W), T1 being one GPU over the whole length: how close W GPUs come "
+                   "to a W-fold speed-up of one GPU running the same sequence.",
+                   "`efficiency_local` = W · T1(L/W) / T_W, T1(L/W) being one GPU at the per-GPU length measured "
+                   "on this machine (`t1_local_ms`; ring-flash-attention's convention): it leaves out that one "
+                   "GPU's kernel runs slower per FLOP at L than at L/W. Both hold for causal attention as for "
+                   "full, since the FLOPs of either grow as L².",
+                   "`exposed_comm`: the share of the time left after replacing communication by local copies.",
+                   "`efficiency_target`: the ring's W=2 targets (0.82 at 16K, 0.92 at 32K, 0.95 at 64K, "
+                   "0.98 at 128K)."))
 
     @classmethod
     def headline(cls, cfg: DictConfig) -> list[Headline]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from omegaconf import DictConfig
 
@@ -39,6 +39,20 @@ class Headline:
 
 
 @dataclass(frozen=True)
+class PageSpec:
+    """What a benchmark's current results page shows (``docs/results/<benchmark>_<machine>.md``):
+    ``case``, the results.csv columns that name one case (a case measured in several runs is one
+    row); ``columns``, the benchmark's own columns after the common ones; ``derive(rows, pool)``
+    fills computed columns of the shown rows (``pool``: every row of that machine, for a value
+    taken from another case, as T1 at the per-GPU length); ``notes``, sentences that define them."""
+
+    case: tuple[str, ...]
+    columns: tuple[str, ...]
+    derive: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None] | None = None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Plot:
     """A figure a benchmark contributes to the sweep report."""
 
@@ -64,6 +78,11 @@ class Benchmark(ABC):
     def headline(cls, cfg: DictConfig) -> list[Headline]:
         """The columns the summary table and the report show for a job of this config."""
         return []
+
+    @classmethod
+    def page(cls) -> PageSpec | None:
+        """The columns and derived values of this benchmark's current results pages (None: it has none)."""
+        return None
 
     @classmethod
     def memory_bytes(cls, cfg: DictConfig, world_size: int) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline
+from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, PageSpec
 from sweepbench.benchmarks.registry import register
 from sweepbench.config.schema import BenchmarkConfig
 from sweepbench.core import VerificationError
@@ -46,6 +46,16 @@ def message_sizes(cfg: Any) -> list[int]:
     return sizes
 
 
+def _page_derive(rows: list[dict[str, Any]], pool: list[dict[str, Any]]) -> None:
+    """nccl-tests' busbw beside each row, from the same run, and the ratio to it."""
+    nccl = {(r["run"], r["world_size"], r["op"], r["size_bytes"]): r for r in pool if r["impl"] == "nccl_tests"}
+    for r in rows:
+        ref = nccl.get((r["run"], r["world_size"], r["op"], r["size_bytes"]))
+        if ref and r["impl"] != "nccl_tests" and r.get("busbw_gbps"):
+            ratio = float(r["busbw_gbps"]) / float(ref["busbw_gbps"])
+            r.update(nccl_tests_busbw_gbps=ref["busbw_gbps"], ratio=ratio, meets_target=abs(ratio - 1) <= 0.05)
+
+
 @register("collective")
 class CollectiveBenchmark(Benchmark):
     schema = CollectiveConfig
@@ -67,6 +77,18 @@ class CollectiveBenchmark(Benchmark):
         if b.ops_per_sample < 0:
             raise ValueError(f"benchmark.ops_per_sample={b.ops_per_sample} must be >= 1 (or 0: the default, 20)")
         get_impl(b.impl).check(cfg, cls.world_size(cfg))
+
+    @classmethod
+    def page(cls) -> PageSpec:
+        return PageSpec(
+            case=("impl", "world_size", "op", "size_bytes"),
+            columns=("op", "size_bytes", "dtype", "ops_per_sample", "busbw_gbps", "nccl_tests_busbw_gbps", "ratio",
+                     "meets_target", "verified"),
+            derive=_page_derive,
+            notes=("`busbw_gbps`: bus bandwidth as nccl-tests defines it (GB/s = 1e9 B/s), from the slowest "
+                   "rank's median time.",
+                   "`ratio`: busbw over nccl-tests' busbw for the same op and size, measured in the same run "
+                   "(nccl-tests as it runs by default, without CUDA graphs); `meets_target`: within ±5%."))
 
     @classmethod
     def headline(cls, cfg: DictConfig) -> list[Headline]:

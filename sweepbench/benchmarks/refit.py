@@ -20,7 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline
+from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, PageSpec
 from sweepbench.benchmarks.registry import register
 from sweepbench.config.validate import check_layout, device_type
 from sweepbench.parallel import Layout, make_plan, model_layout, model_param_specs, total_bytes
@@ -64,6 +64,13 @@ def _probe_bytes(b: Any, *, gpu: bool) -> int:
     return b.probe_bytes or (1 << 30 if gpu else 4 << 20)
 
 
+def _page_derive(rows: list[dict[str, Any]], pool: list[dict[str, Any]]) -> None:
+    for r in rows:
+        if r.get("floor_ms"):
+            ratio = float(r["median_ms"]) / float(r["floor_ms"])
+            r.update(ratio_to_floor=ratio, meets_target=ratio <= 1.2)
+
+
 @register("refit")
 class RefitBenchmark(Benchmark):
     schema = RefitConfig
@@ -73,6 +80,17 @@ class RefitBenchmark(Benchmark):
     def world_size(cls, cfg: DictConfig) -> int:
         _, train_ranks, _, infer_ranks = _placements(cfg)
         return len(set(train_ranks) | set(infer_ranks))
+
+    @classmethod
+    def page(cls) -> PageSpec:
+        return PageSpec(
+            case=("impl", "strategy", "model", "src", "dst", "mode", "backend", "variant"),
+            columns=("strategy", "model", "src", "dst", "mode", "backend", "variant", "floor_ms", "ratio_to_floor",
+                     "meets_target", "verified"),
+            derive=_page_derive,
+            notes=("`floor_ms`: the link floor, the busiest rank's bytes over the link's measured bandwidth; "
+                   "`ratio_to_floor` = median / floor; `meets_target`: within 1.2× of the floor.",
+                   "`impl`: `sweepbench` (ours) or `megatron` (megatron-core's refit as a peer)."))
 
     @classmethod
     def headline(cls, cfg: DictConfig) -> list[Headline]:

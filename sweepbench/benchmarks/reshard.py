@@ -22,7 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline
+from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, PageSpec
 from sweepbench.benchmarks.registry import register
 from sweepbench.parallel import make_plan
 from sweepbench.parallel.floor import Floor
@@ -48,11 +48,27 @@ class ReshardConfig(TransferConfig):
     dtype: str = "float32"  # float32 | bfloat16 | float16
 
 
+def _page_derive(rows: list[dict[str, Any]], pool: list[dict[str, Any]]) -> None:
+    for r in rows:
+        if r.get("floor_ms"):
+            r["ratio_to_floor"] = float(r["median_ms"]) / float(r["floor_ms"])
+
+
 @register("reshard")
 class ReshardBenchmark(Benchmark):
     schema = ReshardConfig
     tag_keys = ("suite", "strategy")
     tag_groups = ("backend",)  # its meshes come from the suite, not from model/parallelism/mode
+
+    @classmethod
+    def page(cls) -> PageSpec:
+        return PageSpec(
+            case=("impl", "world_size", "suite", "case", "variant", "size_bytes"),
+            columns=("suite", "case", "variant", "size_bytes", "floor_ms", "ratio_to_floor", "effective_gbps",
+                     "fraction_of_link", "verified"),
+            derive=_page_derive,
+            notes=("`case`: source mesh and placement to destination mesh and placement (S0 = sharded on dim 0, "
+                   "R = replicated); `ratio_to_floor` = median / link floor.",))
 
     @classmethod
     def headline(cls, cfg: DictConfig) -> list[Headline]:

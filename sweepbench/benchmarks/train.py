@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, Plot
+from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, PageSpec, Plot
 from sweepbench.benchmarks.registry import register
 from sweepbench.config.schema import BenchmarkConfig
 from sweepbench.core import NotOnThisMachine
@@ -93,6 +93,15 @@ class TrainBenchmark(Benchmark):
         plan, shape = build_plan(cfg), Shape.of(cfg.model)
         per_param = bytes_per_param(plan.precision, trainable=cfg.benchmark.lora_rank == 0)
         return shape.num_params() * per_param // world_size
+
+    @classmethod
+    def page(cls) -> PageSpec:
+        return PageSpec(
+            case=("impl", "model", "layout", "dp_shard", "seq_len", "ac", "compile", "precision", "lora_rank"),
+            columns=("model", "layout", "dp_shard", "seq_len", "ac", "compile", "precision", "lora_rank",
+                     "tokens_per_s_per_gpu", "mfu_pct", "verified"),
+            notes=("`median_ms`: one optimizer step; `mfu_pct` by torchtitan's formula, 6·(N − N_embedding) + "
+                   "6·L·H·2·d_head·S FLOPs per token, against the GPU's dense bf16 peak.",))
 
     @classmethod
     def headline(cls, cfg: DictConfig) -> list[Headline]:

@@ -15,7 +15,7 @@ A comparison asks one question per case, often hundreds: at p < 0.01 each, an id
 66-case sweep would still show a `slower` or `faster` in about every second comparison. So the
 rounds' p-values of one comparison are adjusted together (Benjamini-Hochberg: ``q_value``, the false
 discovery rate at which the case would be called) and a rounds verdict needs q < ``rounds_p_value``.
-Measured on ten pairs of identical CPU sweeps (docs/results/compare_noise_cpu_quiet.md): 8 false
+Measured on ten pairs of identical CPU sweeps (docs/results/runs/compare_cpu_2026-11-25_noise_quiet/summary.md): 8 false
 verdicts of 660 on raw p, none on q, while a 1.5x slowdown was still found in every pair."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ PROCESS_NOISE = ("process-to-process noise is not covered: {n} case(s) were judg
                  "process per side; run both sweeps with sweep.repeats=3 or more to judge on rounds")
 # Rounds interleave inside a sweep, not across two: a change of the machine between two sweeps run
 # one after the other (load, clocks, a neighbour) is a shift that every round of one side shares,
-# and a rounds verdict cannot tell it from a real one (docs/results/compare_noise_cpu*.md)
+# and a rounds verdict cannot tell it from a real one (docs/results/runs/compare_cpu_*/summary.md)
 APART = ("the sweeps ran apart ({baseline} and {candidate}), so their rounds did not interleave: a change of "
          "the machine between them is not covered; run both configurations in one sweep (e.g. "
          "benchmark.impl=a,b or launch.python=A,B) for a verdict that covers it")

@@ -47,6 +47,11 @@ def test_grid_jobs_verified_and_reported(grid: SweepRun, compose) -> None:
                 assert 0 < case[f"{part}_min_s"] <= case[f"{part}_median_s"] <= case[f"{part}_max_s"]
                 assert case[f"{part}_iqr_s"] >= 0
             assert case["efficiency"] == pytest.approx(case["t1_s"] / (w * case["median_s"]))
+            if w == 1:  # no shorter length to compare with
+                assert case["t1_local_s"] is None and case["efficiency_local"] is None
+            else:  # one device at the per-GPU length (64 tokens), measured in a child as T1 is
+                assert case["t1_local_s"] > 0  # (at tiny sizes on a loaded CPU, not reliably below t1_s)
+                assert case["efficiency_local"] == pytest.approx(w * case["t1_local_s"] / case["median_s"])
             flops = 4 * 2 * 8 * 8 * 128 ** 2 * 0.5 * 3.5  # batch 2, 8 heads of 8, causal fwd+bwd
             assert case["flop_count"] == flops
             assert case["tflops"] == pytest.approx(flops / case["median_s"] / 1e12)
@@ -60,7 +65,7 @@ def test_grid_jobs_verified_and_reported(grid: SweepRun, compose) -> None:
     rows = grid.results()
     assert len(rows) == 2 and (rows["status"] == "ok").all()
     assert all(t.startswith("attention-ring-dense-128_tiny_cp") for t in rows["tag"])
-    assert {"efficiency", "total_median_ms", "tflops_per_gpu"} <= set(rows.columns)
+    assert {"efficiency", "efficiency_local", "t1_local_ms", "total_median_ms", "tflops_per_gpu"} <= set(rows.columns)
 
 
 def test_plots_from_the_jobs(grid: SweepRun) -> None:

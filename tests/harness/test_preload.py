@@ -104,7 +104,7 @@ def test_kept_ranks_with_rounds_or_fresh_ranks_are_refused(tmp_path: Path) -> No
 def test_kept_ranks_make_new_subgroups_for_the_next_jobs_world(tmp_path: Path) -> None:
     """USP splits the world into Ulysses and ring groups (``parallel.comm.subgroup``). A kept rank's
     next job is a new default group: the groups of the job before went with it, so they are made
-    again, not looked up (found on the CPU run of x2_wave2.sh's attn4_ends: the second USP job failed
+    again, not looked up (found on the CPU run of the W=4 USP cases: the second USP job failed
     with 'Group ... is not registered')."""
     run = run_sweepbench(["benchmark=attention", "model=tiny", "backend=gloo", "benchmark.dtype=float32",
                           "parallelism=cp4", "benchmark.impl=usp", "benchmark.seq_len=64,128", "benchmark.iters=1",

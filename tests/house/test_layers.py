@@ -34,6 +34,8 @@ LAYERS: list[tuple[str, ...]] = [
 ALLOWED: dict[tuple[str, str], str] = {
     ("sweepbench.report.page", "sweepbench.benchmarks.registry"):
         "a report calls each benchmark's headline hook, looked up by the name recorded in metrics.json",
+    ("sweepbench.report.pages", "sweepbench.benchmarks.registry"):
+        "a results page calls its benchmark's page hook (columns, derived values), looked up by the run's name",
 }
 
 

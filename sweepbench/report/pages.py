@@ -1,0 +1,230 @@
+"""The current results pages: one ``<benchmark>_<machine>.md`` and ``.csv`` per benchmark and
+machine, generated from the raw runs under ``docs/results/runs/`` and never edited by hand.
+
+A raw run is a folder ``<benchmark>_<machine>_<YYYY-MM-DD>[_<what>]`` holding ``results.csv`` (one
+row per measured case), ``command.txt``, ``env.json`` (torch, CUDA, NCCL, cuDNN, driver, GPU) and,
+where several runs on one machine share a day, ``run.json`` with their ``sequence`` (1, 2, ... in
+the order they ran; runs of the same name on one day also carry ``_2``, ``_3``); ``notes.md``, if
+any, says in a sentence or two what the run found, and the page quotes it. A folder without
+``results.csv``, or named for no benchmark with a page, is kept as evidence and shown on no page.
+
+One row per case (the benchmark's ``PageSpec.case`` columns): of the runs that measured it, the
+page shows the one with the most timed iterations, and of those the latest; never the fastest.
+Where another run of the case differs from it by more than the two IQRs together, the row says
+so. Within one case group (the case without its implementation), a gap to the fastest smaller than
+the two IQRs reads "within noise".
+
+    python bench/pages.py [--root docs/results] [--check]      # or python -m sweepbench.report.pages
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sweepbench.record.atomic import write_atomic
+
+RUN_NAME = re.compile(r"^(?P<benchmark>[a-z]+)_(?P<machine>[a-z0-9]+)_(?P<date>\d{4}-\d{2}-\d{2})(?:_(?P<what>.+?))?$")
+COMMON = ("benchmark", "machine", "impl", "world_size", "iters", "median_ms", "iqr_ms", "date", "torch", "cuda", "nccl",
+          "cudnn", "driver", "gpu", "run")
+TAIL = ("vs_fastest", "other_runs")
+VERSIONS = ("torch", "cuda", "nccl", "cudnn", "driver", "gpu")
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    benchmark: str
+    machine: str
+    date: str
+    order: tuple[str, int]  # (date, sequence that day): later runs sort after
+    rows: list[dict[str, Any]]
+    env: dict[str, Any]
+    command: str
+    notes: str  # notes.md: what the run found, in a sentence or two
+
+
+def _order(d: Path, date: str) -> tuple[str, int]:
+    meta = json.loads((d / "run.json").read_text()) if (d / "run.json").is_file() else {}
+    return date, int(meta.get("sequence", 1))
+
+
+def load_runs(root: Path) -> list[Run]:
+    """Every raw run under ``root/runs`` that has a results.csv and a benchmark name."""
+    runs = []
+    for d in sorted((root / "runs").iterdir()):
+        m = RUN_NAME.match(d.name)
+        if not m or not (d / "results.csv").is_file():
+            continue
+        with open(d / "results.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        env = json.loads((d / "env.json").read_text()) if (d / "env.json").is_file() else {}
+        text = {n: (d / n).read_text().strip() if (d / n).is_file() else "" for n in ("command.txt", "notes.md")}
+        runs.append(Run(d.name, m["benchmark"], m["machine"], m["date"], _order(d, m["date"]), rows, env,
+                        text["command.txt"], text["notes.md"]))
+    return runs
+
+
+def _num(v: Any) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if x == x else None
+
+
+def _fmt(v: Any) -> str:
+    x = _num(v)
+    if x is None or isinstance(v, bool) or (isinstance(v, str) and not re.match(r"^-?[\d.]+(e-?\d+)?$", v)):
+        return "" if v is None else str(v)
+    if x == int(x) and abs(x) >= 1 and "." not in str(v):
+        return str(int(x))
+    return f"{x:.4g}"
+
+
+def _noise(a: dict[str, Any], b: dict[str, Any]) -> float | None:
+    ia, ib = _num(a.get("iqr_ms")), _num(b.get("iqr_ms"))
+    return None if ia is None or ib is None else ia + ib
+
+
+def build_page(benchmark: str, machine: str, runs: list[Run], spec: Any) -> tuple[list[dict[str, Any]], list[str]]:
+    """(rows of the page's CSV, the Markdown page) for one benchmark on one machine."""
+    pool = []
+    for run in sorted(runs, key=lambda r: r.order):
+        for row in run.rows:
+            if row.get("status", "ok") != "ok" or _num(row.get("median_ms")) is None:
+                continue
+            pool.append({**row, "machine": machine, "date": run.date, "run": run.name, "_order": run.order,
+                         **{k: run.env.get(k, "") for k in VERSIONS}})
+    cases: dict[tuple, list[dict[str, Any]]] = {}
+    for row in pool:
+        cases.setdefault(tuple(row.get(k, "") for k in spec.case), []).append(row)
+    shown = []
+    for key, rows in cases.items():
+        best_iters = max(_num(r.get("iters")) or 0 for r in rows)
+        pick = max((r for r in rows if (_num(r.get("iters")) or 0) == best_iters), key=lambda r: r["_order"])
+        others = []
+        for r in rows:
+            if r is pick:
+                continue
+            gap, noise = abs(float(r["median_ms"]) - float(pick["median_ms"])), _noise(r, pick)
+            verdict = (" (an IQR not recorded)" if noise is None else
+                       " (differs by more than the IQRs)" if gap > noise else " (within noise)")
+            others.append(f"{r['run']}: {_fmt(r['median_ms'])} ms at {_fmt(r.get('iters'))} iters{verdict}")
+        shown.append({**pick, "other_runs": "; ".join(others)})
+    if spec.derive:
+        spec.derive(shown, pool)
+    group_keys = [k for k in spec.case if k not in ("impl", "strategy")]
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for row in shown:
+        groups.setdefault(tuple(row.get(k, "") for k in group_keys), []).append(row)
+    for rows in groups.values():
+        fastest = min(rows, key=lambda r: float(r["median_ms"]))
+        for r in rows:
+            noise = _noise(r, fastest)
+            ratio = float(r["median_ms"]) / float(fastest["median_ms"])
+            if r is fastest:
+                r["vs_fastest"] = "fastest" if len(rows) > 1 else ""
+            elif noise is not None and float(r["median_ms"]) - float(fastest["median_ms"]) < noise:
+                r["vs_fastest"] = f"{ratio:.3f}x, within noise"
+            else:
+                r["vs_fastest"] = f"{ratio:.3f}x"
+    order = group_keys + [k for k in spec.case if k not in group_keys]
+    shown.sort(key=lambda r: tuple(_sort_key(r.get(k, "")) for k in order))
+    columns = list(COMMON) + [c for c in spec.columns if c not in COMMON] + list(TAIL)
+    out = [{c: r.get(c, "") for c in columns} for r in shown]
+    return out, _markdown(benchmark, machine, runs, spec, columns, out)
+
+
+def _sort_key(v: Any) -> tuple[int, float, str]:
+    x = _num(v)
+    return (0, x, "") if x is not None else (1, 0.0, str(v))
+
+
+def _markdown(benchmark: str, machine: str, runs: list[Run], spec: Any, columns: list[str],
+              rows: list[dict[str, Any]]) -> list[str]:
+    used = sorted({r["run"] for r in rows})
+    lines = [f"# {benchmark} on {machine}", "",
+             "Generated by `python bench/pages.py` from the raw runs in `runs/`; do not edit by hand.",
+             "The machine-readable table is the CSV beside this page.", "",
+             "One row per case: of the runs that measured a case, the row shows the one with the most timed",
+             "iterations, and of those the latest (not the fastest); `other_runs` lists the rest, marked where",
+             "one differs by more than the two IQRs together. `vs_fastest`: time over the fastest of the same",
+             "case, \"within noise\" where the gap is smaller than the two IQRs together.", ""]
+    lines += [f"- {n}" for n in spec.notes] + ([""] if spec.notes else [])
+    shown = [c for c in columns
+             if c not in ("benchmark", "machine") + VERSIONS and any(r.get(c) not in ("", None) for r in rows)]
+    lines += ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(r.get(c, "")).replace("|", "/") for c in shown) + " |")
+    lines += ["", "## Runs", "",
+              "Oldest first; a run no row shows was superseded, case by case, by a later or longer one.", ""]
+    for run in sorted(runs, key=lambda r: r.order):
+        env = ", ".join(f"{k} {run.env[k]}" for k in VERSIONS if run.env.get(k) not in ("", None))
+        shown_here = "" if run.name in used else "; no row shown"
+        lines += [f"- `runs/{run.name}/` ({run.date}; {env or 'versions not recorded'}{shown_here}):", "",
+                  *[f"      {c}" for c in run.command.splitlines()], ""]
+        if run.notes:
+            lines += [f"  {n}" for n in run.notes.splitlines()] + [""]
+    return lines
+
+
+def _csv_text(rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    if rows:
+        w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+    return buf.getvalue()
+
+
+def render_all(root: Path) -> dict[str, str]:
+    """{file name under root: its text} of every current page the raw runs make."""
+    from sweepbench.benchmarks.registry import benchmark_names, get_benchmark
+
+    runs = load_runs(root)
+    names = set(benchmark_names())
+    files = {}
+    for bench, machine in sorted({(r.benchmark, r.machine) for r in runs if r.benchmark in names}):
+        spec = get_benchmark(bench).page()
+        if spec is None:
+            continue
+        mine = [r for r in runs if (r.benchmark, r.machine) == (bench, machine)]
+        rows, md = build_page(bench, machine, mine, spec)
+        if rows:
+            files[f"{bench}_{machine}.csv"] = _csv_text(rows)
+            files[f"{bench}_{machine}.md"] = "\n".join(md).rstrip() + "\n"
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python bench/pages.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--root", type=Path, default=Path("docs/results"),
+                    help="the folder holding runs/ (default docs/results)")
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a committed page differs")
+    a = ap.parse_args(argv)
+    if not (a.root / "runs").is_dir():
+        print(f"--root {a.root}: no runs/ folder in it; valid: a folder holding runs/<benchmark>_<machine>_<date>/",
+              file=sys.stderr)
+        return 2
+    files = render_all(a.root)
+    stale = [n for n, text in files.items() if not (a.root / n).is_file() or (a.root / n).read_text() != text]
+    if a.check:
+        for n in stale:
+            print(f"{a.root / n} differs from what the raw runs give; run python bench/pages.py")
+        return 1 if stale else 0
+    for n in stale:
+        write_atomic(a.root / n, files[n])
+    print(f"{len(files)} files, {len(stale)} written under {a.root}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

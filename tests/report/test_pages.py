@@ -1,0 +1,109 @@
+"""The current results pages: every committed page is what the raw runs give, and the rules a page
+follows (which run a row shows, noise, the two attention efficiencies) hold on runs made here."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from sweepbench.report.pages import main, render_all
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "docs" / "results"
+
+
+def test_committed_pages_are_what_the_raw_runs_give():
+    files = render_all(RESULTS)
+    assert files, "no page generated from docs/results/runs"
+    for name, text in files.items():
+        assert (RESULTS / name).is_file(), f"{name} is not committed: run python bench/pages.py"
+        assert (RESULTS / name).read_text() == text, f"{name} differs from the raw runs: regenerate it"
+    committed = {p.name for p in RESULTS.glob("*_*.*") if p.suffix in (".md", ".csv")}
+    assert committed == set(files), f"pages no raw run makes: {sorted(committed - set(files))}"
+
+
+def test_contract_columns_of_the_committed_pages():
+    common = ["benchmark", "machine", "impl", "world_size", "iters", "median_ms", "iqr_ms", "date", "torch", "run"]
+    own = {"attention": ["seq_len", "kv_heads", "t1_ms", "efficiency", "efficiency_local", "exposed_comm", "pattern",
+                         "model"],
+           "collective": ["op", "size_bytes", "busbw_gbps", "nccl_tests_busbw_gbps", "ratio"],
+           "refit": ["model", "src", "dst", "mode", "floor_ms", "ratio_to_floor"],
+           "train": ["model", "layout", "tokens_per_s_per_gpu", "mfu_pct"]}
+    for bench, cols in own.items():
+        pages = sorted(RESULTS.glob(f"{bench}_*.csv"))
+        assert pages, bench
+        for page in pages:
+            header = next(csv.reader(page.open()))
+            missing = [c for c in common + cols if c not in header]
+            assert not missing, f"{page.name} lacks {missing}"
+
+
+def _run(root: Path, name: str, rows: list[dict], sequence: int = 1) -> None:
+    d = root / "runs" / name
+    d.mkdir(parents=True)
+    with open(d / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    (d / "command.txt").write_text(f"python -m sweepbench -m experiment=attention_llama3  # {name}\n")
+    (d / "env.json").write_text(json.dumps({"torch": "2.11.0+cu130", "cuda": "13.0", "nccl": "2.28.9",
+                                            "cudnn": "91900", "driver": "580.1", "gpu": "NVIDIA H200"}))
+    (d / "run.json").write_text(json.dumps({"sequence": sequence}))
+
+
+def _att(impl: str, seq: int, w: int, iters: int, median: float, iqr: float, t1: float) -> dict:
+    return {"benchmark": "attention", "impl": impl, "world_size": w, "model": "llama3_8b", "pattern": "dense",
+            "heads": 32, "kv_heads": 8, "seq_len": seq, "iters": iters, "t1_iters": 10, "median_ms": median,
+            "iqr_ms": iqr, "t1_ms": t1, "efficiency": t1 / (w * median), "exposed_comm": 0.01, "status": "ok"}
+
+
+def test_a_row_shows_the_latest_run_at_the_most_iterations_and_names_the_others(tmp_path):
+    _run(tmp_path, "attention_h200x2_2026-01-01_fast", [_att("ring", 32768, 2, 5, 28.0, 0.2, 57.0),
+                                                        _att("ring", 16384, 2, 5, 8.0, 0.1, 13.0)])
+    _run(tmp_path, "attention_h200x2_2026-01-02_long", [_att("ring", 32768, 2, 20, 30.0, 0.3, 57.0),
+                                                        _att("ulysses", 32768, 2, 20, 30.4, 0.3, 57.0)], 1)
+    _run(tmp_path, "attention_h200x2_2026-01-02_long_2", [_att("ring", 32768, 2, 20, 30.1, 0.3, 57.0)], 2)
+    files = render_all(tmp_path)
+    rows = {(r["impl"], r["seq_len"]): r for r in csv.DictReader(files["attention_h200x2.csv"].splitlines())}
+    ring = rows[("ring", "32768")]
+    # the 5-iteration run is faster, and not shown: the most iterations, then the latest
+    assert ring["run"] == "attention_h200x2_2026-01-02_long_2" and ring["median_ms"] == "30.1"
+    assert "attention_h200x2_2026-01-01_fast: 28 ms at 5 iters (differs by more than the IQRs)" in ring["other_runs"]
+    assert "attention_h200x2_2026-01-02_long: 30 ms at 20 iters (within noise)" in ring["other_runs"]
+    # ulysses is 1% behind, inside the two IQRs
+    assert rows[("ulysses", "32768")]["vs_fastest"].endswith("within noise")
+    # efficiency_local: 2 * T1(16K) / T_2(32K), T1 at the per-GPU length from the run that measured 16K
+    assert float(ring["t1_local_ms"]) == 13.0
+    assert abs(float(ring["efficiency_local"]) - 2 * 13.0 / 30.1) < 1e-12
+    assert abs(float(ring["efficiency"]) - 57.0 / (2 * 30.1)) < 1e-12
+    assert rows[("ring", "16384")]["efficiency_local"] == ""  # no T1 at 8K on this machine: left empty
+    assert ring["efficiency_target"] == "0.92" and ring["meets_target"] == "True"
+    md = files["attention_h200x2.md"]
+    assert "runs/attention_h200x2_2026-01-02_long_2/" in md and "torch 2.11.0+cu130" in md
+
+
+def test_check_fails_on_a_stale_page_and_bad_root_is_one_line(tmp_path, capsys):
+    _run(tmp_path, "attention_h100x2_2026-01-01", [_att("ring", 16384, 2, 5, 8.0, 0.1, 13.0)])
+    assert main(["--root", str(tmp_path), "--check"]) == 1
+    assert main(["--root", str(tmp_path)]) == 0
+    assert main(["--root", str(tmp_path), "--check"]) == 0
+    page = tmp_path / "attention_h100x2.md"
+    page.write_text(page.read_text().replace("8", "7"))
+    assert main(["--root", str(tmp_path), "--check"]) == 1
+    assert "attention_h100x2.md differs" in capsys.readouterr().out
+    out = subprocess.run([sys.executable, "-m", "sweepbench.report.pages", "--root", str(tmp_path / "none")],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "no runs/ folder" in out.stderr
+
+
+def test_the_index_links_every_page():
+    index = (ROOT / "docs" / "results.md").read_text()
+    pages = sorted(p.name for p in RESULTS.glob("*_*.md"))
+    missing = [p for p in pages if f"(results/{p})" not in index]
+    assert not missing, f"docs/results.md does not link {missing}"
+    for link in re.findall(r"\(results/([^)]+\.md)\)", index):
+        assert (RESULTS / link).is_file(), f"docs/results.md links {link}, which is not there"
