@@ -13,7 +13,7 @@ The public API for context parallelism (what a training loop calls)::
 
 ``cp_attention(q, k, v, *, impl="ring", group=None, causal=True, scale=None)``: q is
 (batch, heads, local_seq, head_dim), k and v (batch, kv_heads, local_seq, head_dim), each rank of
-``group`` (None: the default group) holding its tokens in ``placement_of(impl)`` order; returns the
+``group`` (None: the default group) holding its tokens in ``placement_of(impl, pattern)`` order; returns the
 local output, same shape as q. ``scale`` defaults to 1/sqrt(head_dim). Optional keyword-only
 extras: ``sdpa_backend`` (a name in ``SDPA_BACKENDS``; default the fastest kind for the device),
 ``pattern="dilated"`` with ``segment_lengths``/``dilation_rates``, ``comm`` (a ``LocalComm`` to run

@@ -33,7 +33,7 @@ def check_case(*, impl: str, pattern: str, seq_len: int, world_size: int, num_he
         raise ValueError(f"benchmark.pattern={pattern!r} is not valid; choose one of {', '.join(PATTERNS)}")
     if seq_len <= 0 or batch_size <= 0:
         raise ValueError(f"benchmark.seq_len={seq_len} and benchmark.batch_size={batch_size} must be positive")
-    placement = get_impl(impl).placement
+    placement = get_impl(impl).placement_for(pattern)
     n = world_size * PLACEMENT_CHUNKS[placement]
     if seq_len % n:
         what = f"2·W = {n} ({placement} placement of impl={impl})" if n > world_size else f"W = {n}"

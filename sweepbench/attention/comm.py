@@ -4,10 +4,16 @@ times is the communication that stayed exposed (not hidden behind compute).
 
 ``LocalComm`` moves no bytes between ranks: a ring exchange copies the send buffer into the
 receive buffer, an all-gather repeats the local tensor, an all-to-all copies its input. Results are
-wrong by design; only its time is used."""
+wrong by design; only its time is used.
+
+Each ``Comm`` counts the bytes its rank sends (``traffic``, shared with the comms ``split`` makes):
+what the other ranks must receive from this one, whatever algorithm the library picks (an
+all-gather over g ranks: g-1 copies of the local tensor; a reduce-scatter or all-to-all: the g-1
+parts meant for the others; point to point: each send). ``LocalComm`` counts nothing."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -47,6 +53,15 @@ class _Works:
             w.wait()
 
 
+@dataclass
+class Traffic:
+    sent_bytes: int = 0  # what this rank sent to other ranks (see the module docstring)
+
+
+def _nbytes(x: torch.Tensor) -> int:
+    return x.numel() * x.element_size()
+
+
 class Comm:
     """Real communication over ``group`` (None: the default group)."""
 
@@ -55,12 +70,13 @@ class Comm:
         on = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank(group) if on else 0  # no process group: a ring of one
         self.size = dist.get_world_size(group) if on else 1
+        self.traffic = Traffic()
 
     @classmethod
     def solo(cls) -> "Comm":
         """A ring of one (attention on this device alone, e.g. inside Ulysses)."""
         comm = cls.__new__(cls)
-        comm.group, comm.rank, comm.size = None, 0, 1
+        comm.group, comm.rank, comm.size, comm.traffic = None, 0, 1, Traffic()
         return comm
 
     def split(self, partition: list[list[int]]) -> "Comm":
@@ -77,7 +93,9 @@ class Comm:
             if self.rank in members:
                 mine = group
         assert mine is not None, f"rank {self.rank} is in no part of {partition}"
-        return type(self)(mine)
+        part = type(self)(mine)
+        part.traffic = self.traffic
+        return part
 
     def _global(self, r: int) -> int:
         return dist.get_global_rank(self.group, r) if self.group is not None else r
@@ -95,7 +113,19 @@ class Comm:
         nxt, prv = self._global((self.rank + step) % self.size), self._global((self.rank - step) % self.size)
         ops = [dist.P2POp(dist.isend, s, nxt, self.group) for s in sends]
         ops += [dist.P2POp(dist.irecv, r, prv, self.group) for r in recvs]
+        self.traffic.sent_bytes += sum(_nbytes(s) for s in sends)
         return _Works(dist.batch_isend_irecv(ops))
+
+    def send_recv(self, sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Tensor]]) -> Pending:
+        """Point to point with chosen peers (ranks of this comm, never this rank): each ``(peer, x)``
+        of ``sends`` sent to ``peer``, each of ``recvs`` received from its peer, in one batch,
+        asynchronous (``wait`` before reading a receive or writing a send). The ranks that call it
+        must name each other (a send of p to q is a receive of q from p)."""
+        assert all(p != self.rank for p, _ in sends + recvs), f"rank {self.rank} names itself as a peer"
+        ops = [dist.P2POp(dist.isend, x.contiguous(), self._global(p), self.group) for p, x in sends]
+        ops += [dist.P2POp(dist.irecv, x, self._global(p), self.group) for p, x in recvs]
+        self.traffic.sent_bytes += sum(_nbytes(x) for _, x in sends)
+        return _Works(dist.batch_isend_irecv(ops)) if ops else _Done()
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """Every rank's ``x`` stacked on a new leading dim, in rank order."""
@@ -104,6 +134,7 @@ class Comm:
             out[0].copy_(x)
         else:  # the flat forms: gloo wants the output as the inputs concatenated on dim 0
             _all_gather(out.view(-1), x.contiguous().view(-1), group=self.group)
+            self.traffic.sent_bytes += (self.size - 1) * _nbytes(x)
         return out
 
     def reduce_scatter(self, x: torch.Tensor) -> torch.Tensor:
@@ -112,6 +143,7 @@ class Comm:
             return x[0].clone()
         out = torch.empty(x.shape[1:], dtype=x.dtype, device=x.device)
         _reduce_scatter(out.view(-1), x.contiguous().view(-1), group=self.group)
+        self.traffic.sent_bytes += (self.size - 1) * _nbytes(out)
         return out
 
     def all_to_all(self, x: torch.Tensor) -> torch.Tensor:
@@ -121,6 +153,7 @@ class Comm:
             out.copy_(x)
         else:
             dist.all_to_all_single(out, x.contiguous(), group=self.group)
+            self.traffic.sent_bytes += (self.size - 1) * _nbytes(x[0])
         return out
 
 
@@ -131,6 +164,11 @@ class LocalComm(Comm):
         for s, r in zip(_tuple(send), _tuple(recv)):  # a receive may be sized unlike the send (the ring's dK/dV)
             m = min(s.numel(), r.numel())
             r.view(-1)[:m].copy_(s.reshape(-1)[:m])
+        return _Done()
+
+    def send_recv(self, sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[int, torch.Tensor]]) -> Pending:
+        for _, r in recvs:  # nothing arrives: zeros, so that what reads them computes on finite numbers
+            r.zero_()
         return _Done()
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:

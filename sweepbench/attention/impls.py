@@ -16,29 +16,29 @@ from sweepbench.attention.ring import ring_attention
 from sweepbench.attention.ulysses import to_heads, to_sequence
 
 
-def _dilated(q, k, v, *, placement: str, **kw: Any) -> torch.Tensor:
+def _dilated(q, k, v, *, placement: str, exchange: str, **kw: Any) -> torch.Tensor:
     return dilated_attention(q, k, v, comm=kw["comm"], causal=kw["causal"], scale=kw["scale"],
                              backend=kw["backend"], placement=placement, seq_len=kw["seq_len"],
-                             branches=kw["branches"])
+                             branches=kw["branches"], exchange=exchange)
 
 
 def ring(q, k, v, **kw: Any) -> torch.Tensor:
-    if kw["pattern"] == "dilated":  # sparsify locally, gather only the segments longer than a chunk
-        return _dilated(q, k, v, placement="zigzag", **kw)
+    if kw["pattern"] == "dilated":  # LongNet's distribution: whole segments local, a spanning one among its ranks
+        return _dilated(q, k, v, placement="contiguous", exchange="covering", **kw)
     return ring_attention(q, k, v, comm=kw["comm"], causal=kw["causal"], scale=kw["scale"],
                           backend=kw["backend"], placement="zigzag", overlap=True)
 
 
 def ring_naive(q, k, v, **kw: Any) -> torch.Tensor:
-    if kw["pattern"] == "dilated":
-        return _dilated(q, k, v, placement="contiguous", **kw)
+    if kw["pattern"] == "dilated":  # the reference code's distribution: contiguous, gathered over every rank
+        return _dilated(q, k, v, placement="contiguous", exchange="group", **kw)
     return ring_attention(q, k, v, comm=kw["comm"], causal=kw["causal"], scale=kw["scale"],
                           backend=kw["backend"], placement="contiguous", overlap=False)
 
 
 def allgather(q, k, v, **kw: Any) -> torch.Tensor:
-    if kw["pattern"] == "dilated":
-        return _dilated(q, k, v, placement="zigzag", **kw)
+    if kw["pattern"] == "dilated":  # zigzag, the sparse K/V of long segments gathered over every rank
+        return _dilated(q, k, v, placement="zigzag", exchange="group", **kw)
     return allgather_attention(q, k, v, comm=kw["comm"], causal=kw["causal"], scale=kw["scale"],
                                backend=kw["backend"], placement="zigzag")
 

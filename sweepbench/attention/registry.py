@@ -38,6 +38,11 @@ class ImplSpec:
     heads_divisor: Callable[[int], int] | None = None  # W -> what heads must divide by (all-to-all over heads)
     context: str = ""  # "module:function": a context that must cover forward and backward
     own_comm: bool = True  # communicates through sweepbench's Comm (so LocalComm times it without communication)
+    dilated_placement: str = ""  # the layout for pattern=dilated where it differs from ``placement``
+
+    def placement_for(self, pattern: str) -> str:
+        """How the caller must lay out tokens for ``pattern``."""
+        return self.dilated_placement if pattern == "dilated" and self.dilated_placement else self.placement
 
     def load(self) -> Callable[..., Any]:
         return _load(self.entry)
@@ -63,7 +68,9 @@ def register_impl(spec: ImplSpec) -> ImplSpec:
 
 _E = "sweepbench.attention.impls"
 register_impl(ImplSpec("ring", "zigzag", f"{_E}:ring",
-                       "zigzag ring, K/V packed, batched async p2p overlapped with compute"))
+                       "zigzag ring, K/V packed, batched async p2p overlapped with compute; dilated: contiguous "
+                       "chunks, a segment's sparse K/V sent only among the ranks it covers",
+                       dilated_placement="contiguous"))
 register_impl(ImplSpec("ring_naive", "contiguous", f"{_E}:ring_naive",
                        "contiguous ring without overlap (what balancing and overlap buy)"))
 register_impl(ImplSpec("allgather", "zigzag", f"{_E}:allgather", "Llama-3 style: all-gather K/V, Q local"))
@@ -84,9 +91,9 @@ def get_impl(name: str) -> ImplSpec:
     return IMPLS[name]
 
 
-def placement_of(impl: str) -> str:
-    """How ``impl`` expects the sequence laid out over the ranks (see ``shard_sequence``)."""
-    return get_impl(impl).placement
+def placement_of(impl: str, pattern: str = "dense") -> str:
+    """How ``impl`` expects the sequence laid out over the ranks for ``pattern`` (see ``shard_sequence``)."""
+    return get_impl(impl).placement_for(pattern)
 
 
 def why_not(impl: str, *, device_type: str, world_size: int, num_heads: int, pattern: str,

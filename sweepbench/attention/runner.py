@@ -90,6 +90,7 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
     backend = t1_backend if sdpa_backend == "auto" else sdpa_backend
     t1_local_s = t1_local(rank, t1_case, world_size=world_size, backend=t1_backend)
     spec = get_impl(impl)
+    placement = spec.placement_for(pattern)
     steps = 3 + spec.own_comm  # T1, verified, timed, and the same without communication
     phase_s["t1_and_reference"] = time.perf_counter() - tic
     if not t1_reused:  # its parts, where this job measured them (T1's children, the reference)
@@ -97,7 +98,7 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
     case_done(f"T1 (one device, {t1_backend}): {t1_stats[t1_backend]['median_s'] * 1e3:.3g} ms"
               f"{' (reused from the sweep)' if t1_reused else ''}", total=steps)
     tic = time.perf_counter()
-    mine = [shard_sequence(x, dim=2, rank=rank, world_size=world_size, placement=spec.placement) for x in inputs]
+    mine = [shard_sequence(x, dim=2, rank=rank, world_size=world_size, placement=placement) for x in inputs]
     del inputs
     leaves, ldout = _leaves(*mine[:3]), mine[3]
     comm = Comm()
@@ -127,15 +128,21 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
             return out
         return run
 
-    # verify once, before any time counts: the output and gradients of one forward and backward
+    # verify once, before any time counts: the output and gradients of one forward and backward,
+    # and the bytes this rank sends in them (through the impl's Comm)
     with opened():
-        out = total(comm)().detach()
+        out = forward(comm)
+        sent = {"sent_bytes_fwd": comm.traffic.sent_bytes}
+        if backward:
+            out.backward(ldout)
+        out = out.detach()
+    sent["sent_bytes"] = comm.traffic.sent_bytes
     _sync(device)
     phase_s["verify_first_run"] = time.perf_counter() - tic  # part of verify: the first fwd+bwd of this process
     got = [out, *(x.grad for x in leaves)] if backward else [out]
     errors = []
     for name, x, want in zip(("out", "dq", "dk", "dv"), got, reference or [None] * len(got)):
-        whole = unshard_sequence(list(comm.all_gather(x)), dim=2, world_size=world_size, placement=spec.placement)
+        whole = unshard_sequence(list(comm.all_gather(x)), dim=2, world_size=world_size, placement=placement)
         if rank == 0 and (e := mismatch(name, whole, want)):
             errors.append(e)
         del whole
@@ -185,7 +192,7 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
     phase_s["timing"] = time.perf_counter() - tic
     own_median = summarize(own[-iters:])["median_s"]
     per_rank = [None] * world_size
-    dist.all_gather_object(per_rank, {"total_median_s": own_median, **memory})
+    dist.all_gather_object(per_rank, {"total_median_s": own_median, **memory, **(sent if spec.own_comm else {})})
     worst = torch.tensor(entries, dtype=torch.float64, device=device)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # each entry as the slowest rank saw it
     context_entries = worst.tolist()
@@ -214,7 +221,7 @@ def _report(v: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
         "causal": v["causal"], "backward": v["backward"], "dtype": v["dtype"],
         "segment_lengths": v["segment_lengths"] if v["pattern"] == "dilated" else None,
         "dilation_rates": v["dilation_rates"] if v["pattern"] == "dilated" else None,
-        "sdpa_backend": v["backend"], "placement": v["spec"].placement, "schedule": v["spec"].summary,
+        "sdpa_backend": v["backend"], "placement": v["placement"], "schedule": v["spec"].summary,
         "rotation_dtype": v["dtype"], "accumulation_dtype": "float32",
         "rotate_method": v["rotate_method"] if v["spec"].context else None,  # an option of the impl's context
         "times_s": v["tot"], **stats["total"], **{f"{k}_{s}": x for k, st in stats.items() for s, x in st.items()},
@@ -237,6 +244,12 @@ def _report(v: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
         "exposed_comm_s": exposed, "exposed_comm_fraction": None if exposed is None else max(exposed, 0.0) / t,
         "exposed_comm_note": "median(total) - median(total with communication replaced by local copies)",
         "verified": True, "warmup": v["warmup"], "iters": v["iters"],
+        # bytes sent to other ranks in one forward (+backward), the busiest rank's (each rank's: per_rank);
+        # None where the impl communicates through another library (torch_cp)
+        **{k: max(r[k] for r in v["per_rank"]) if spec.own_comm else None
+           for k in ("sent_bytes", "sent_bytes_fwd")},
+        "sent_bytes_note": "bytes of this rank's data the other ranks received: an all-gather over g ranks "
+                           "counts g-1 copies, a reduce-scatter or all-to-all the g-1 parts for others",
     }
     summary = {"total_median_ms": t * 1e3, "fwd_median_ms": stats["fwd"]["median_s"] * 1e3,
                "t1_ms": t1 * 1e3, "efficiency": case["efficiency"], "tflops": case["tflops"],
@@ -248,6 +261,8 @@ def _report(v: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
         summary["exposed_comm_fraction"] = case["exposed_comm_fraction"]
     if case["efficiency_local"] is not None:
         summary["t1_local_ms"], summary["efficiency_local"] = v["t1_local_s"] * 1e3, case["efficiency_local"]
+    if spec.own_comm:
+        summary["sent_bytes"] = case["sent_bytes"]
     if spec.context:
         summary["context_entry_ms"] = case["context_entry_s"] * 1e3
     summary["t1_reused"] = float(v["t1_reused"])

@@ -35,7 +35,7 @@ def check_case(rank: int, world_size: int, case: dict[str, Any], *, comm: Comm |
     q, k, v, dout = inputs(case["seq"], case["heads"], case["kv_heads"])
     segs, rates = case.get("segs", []), case.get("rates", [])
     ref = reference(q, k, v, dout, causal=case["causal"], pattern=case["pattern"], segs=segs, rates=rates)
-    placement = placement_of(case["impl"])
+    placement = placement_of(case["impl"], case["pattern"])
     mine = [shard_sequence(x, dim=2, rank=rank, world_size=world_size, placement=placement) for x in (q, k, v, dout)]
     lq, lk, lv = (x.clone().requires_grad_() for x in mine[:3])
     comm = comm or Comm.solo()

@@ -13,7 +13,7 @@ from tests.conftest import SweepRun, planned_tag, run_sweepbench
 FAST = ["benchmark=attention", "model=tiny", "backend=gloo", "benchmark.iters=2", "benchmark.warmup=1",
         "benchmark.t1_iters=1"]
 GRID = [*FAST, "parallelism=cp1,cp2", "benchmark.impl=ring", "benchmark.seq_len=128"]
-# segment 128 spans both ranks' zigzag chunks of 32: its sparsified K/V are gathered
+# segment 128 spans both ranks' contiguous chunks of 64: its sparsified K/V are exchanged between them
 DILATED = [*FAST, "parallelism=cp2", "benchmark.impl=ring", "benchmark.pattern=dilated",
            "benchmark.seq_len=128", "benchmark.segment_lengths=[16,128]", "benchmark.dilation_rates=[1,2]",
            "benchmark.causal=false"]
@@ -88,6 +88,8 @@ def test_dilated_ring_non_causal(tmp_path: Path) -> None:
     assert case["pattern"] == "dilated" and case["segment_lengths"] == [16, 128] and case["world_size"] == 2
     # dilated pairs: 8 segments of 16^2 + one segment of (128/2)^2, non-causal, fwd+bwd
     assert case["flop_count"] == 4 * 2 * 8 * 8 * (8 * 16 ** 2 + 64 ** 2) * 3.5
+    # non-causal: each rank sends its 32 kept tokens' K and V forward, their fp32 gradients back
+    assert case["sent_bytes_fwd"] == 2 * 2 * 8 * 32 * 8 * 4 and case["sent_bytes"] == 2 * case["sent_bytes_fwd"]
 
 
 def test_seed_scenario_dry_run(tmp_path: Path, compose) -> None:
