@@ -12,7 +12,8 @@ from typing import Any, Sequence
 from sweepbench.report.units import format_bytes
 
 # scalar fields that vary between runs of one case, or that are settings rather than identity
-_NOT_IDENTITY = frozenset({"warmup", "iters", "verified", "plan_digest", "routes"})
+# (samples_recorded: how many samples a case held before a report thinned them, report.load)
+_NOT_IDENTITY = frozenset({"warmup", "iters", "verified", "plan_digest", "routes", "samples_recorded"})
 
 
 def case_identity(case: dict[str, Any]) -> tuple[tuple[str, Any], ...]:

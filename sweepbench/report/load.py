@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
+import re
 import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,21 +61,102 @@ def _mtime_utc(path: Path) -> str:
     return stamp.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+MAX_RECORD_BYTES = 1 << 30  # a metrics.json beyond this is not read (a report must not need its size in memory)
+MAX_SAMPLES = 2000  # per case, for the page and the statistics: more are thinned (``thin_samples``)
+# fields a job record holds, with their types (a field may be absent; all but tag and status null)
+_FIELDS: dict[str, tuple[type, ...]] = {"tag": (str,), "status": (str,), "error": (str,), "benchmark": (str,),
+                                        "config": (dict,), "results": (dict,), "world_size": (int,),
+                                        "overrides": (list,), "memory": (dict,), "wall_phases_s": (dict,),
+                                        "rounds": (list,)}
+_NULLABLE = frozenset(_FIELDS) - {"tag", "status"}
+# a case's or summary's key with one of these ends holds numbers (or null): a time, a rate, a size
+_NUMERIC = re.compile(r"_(s|ms|us|ns|gbps|gb|bytes|tflops|flops|fraction|ratio)$|^(iters|warmup)$")
+
+
+def _numbers_problem(value: Any, where: str, *, numeric: bool) -> str:
+    """Where ``value`` (a record's part) holds a non-finite number, or, where ``numeric``, anything
+    but numbers and nulls ("" when nothing)."""
+    if isinstance(value, bool):
+        return f"{where} is {json.dumps(value)}, not a number" if numeric else ""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where} is {value}, not a finite number"
+    if isinstance(value, dict):
+        return next((p for k, v in value.items()
+                     if (p := _numbers_problem(v, f"{where}.{k}", numeric=numeric or bool(_NUMERIC.search(str(k)))))),
+                    "")
+    if isinstance(value, list):
+        return next((p for i, v in enumerate(value) if (p := _numbers_problem(v, f"{where}[{i}]", numeric=numeric))),
+                    "")
+    if numeric and not isinstance(value, (int, float, type(None))):
+        return f"{where} is {json.dumps(value)[:40]}, not a number"
+    return ""
+
+
+def record_problem(record: Any) -> str:
+    """What makes ``record`` no job record a report can use ("" when it is one): not an object,
+    a field of the wrong type, cases that are not a list of objects, a number that is not finite
+    (``Infinity``, ``NaN``) or a time that is not a number."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not a job record"
+    for key, types in _FIELDS.items():
+        value = record.get(key)
+        if key in record and not (value is None and key in _NULLABLE) and (not isinstance(value, types)
+                                                                            or isinstance(value, bool)):
+            return f"its field {key!r} is {json.dumps(record[key], default=str)[:40]}, not a {types[0].__name__}"
+    results = record.get("results") or {}
+    cases = results.get("cases", [])
+    if not isinstance(cases, list) or not all(isinstance(c, dict) for c in cases):
+        return "its results.cases is not a list of cases"
+    if not isinstance(results.get("summary", {}), dict):
+        return "its results.summary is not an object"
+    for part in ("results", "memory", "wall_phases_s", "wall_time_s", "timed_s", "measuring_fraction"):
+        if part in record and (problem := _numbers_problem(record[part], part, numeric=part != "results"
+                                                           and part != "memory")):
+            return f"its {problem}"
+    return ""
+
+
+def thin_samples(record: dict[str, Any], limit: int = MAX_SAMPLES) -> dict[str, Any]:
+    """Each case's ``times_s`` cut to at most ``limit`` samples, evenly spaced in the order they were
+    taken (the case's summary statistics stay those of all samples; ``samples_recorded`` says how
+    many there were), so that the size of a record decides neither a page's size nor the memory
+    and time of its statistics."""
+    for case in (record.get("results") or {}).get("cases") or []:
+        times = case.get("times_s")
+        if isinstance(times, list) and len(times) > limit:
+            step = len(times) / limit
+            case["times_s"] = [times[int(i * step)] for i in range(limit)]
+            case["samples_recorded"] = len(times)
+    return record
+
+
+def unreadable_job(tag: str, path: Path, problem: str) -> dict[str, Any]:
+    return {"tag": tag, "status": UNREADABLE, "error": f"{path} cannot be read: {problem}", "config": {},
+            "results": {}}
+
+
 def _read_metrics(job_dir: Path) -> dict[str, Any] | None:
     """The job's metrics.json; None when there is none; a job of status ``unreadable`` (naming
-    the file and what is wrong with it) when it exists but is not a job record."""
+    the file and what is wrong with it) when it exists but is not a job record, or the job's
+    directory cannot be read."""
     path = job_dir / METRICS_FILE
-    if not path.exists():
-        return None
     try:
-        metrics = json.loads(path.read_text())
-        problem = "" if isinstance(metrics, dict) else f"a JSON {type(metrics).__name__}, not a job record"
-    except (OSError, ValueError) as err:
-        problem = str(err)
+        if not path.exists():
+            return None
+        if not path.is_file():
+            problem = "not a regular file"
+        elif path.stat().st_size > MAX_RECORD_BYTES:
+            problem = f"{path.stat().st_size / 2**20:.0f} MiB, more than a job record can be ({MAX_RECORD_BYTES >> 20} MiB)"
+        else:
+            metrics = json.loads(path.read_bytes())
+            problem = record_problem(metrics)
+    except (OSError, ValueError, RecursionError) as err:
+        problem, path = (err.strerror or str(err)) if isinstance(err, OSError) else str(err), path
+        if isinstance(err, OSError) and err.filename and Path(err.filename) == job_dir:
+            path = job_dir
     if not problem:
-        return metrics
-    return {"tag": job_dir.name, "status": UNREADABLE, "error": f"{path} cannot be read: {problem}",
-            "config": {}, "results": {}}
+        return thin_samples(metrics)
+    return unreadable_job(job_dir.name, path, problem)
 
 
 def load_sweep(path: str | Path) -> Sweep:
@@ -94,7 +178,7 @@ def load_sweep(path: str | Path) -> Sweep:
             metrics = {"tag": job_dir.name, "status": "failed", "error": "the job left no metrics.json",
                        "config": {}, "results": {}}
         jobs.append(metrics)
-        env = read_json(job_dir / ENV_FILE)
+        env = _read_env(job_dir / ENV_FILE)
         if env:
             envs[str(metrics.get("tag") or job_dir.name)] = env
     _add_rows_without_dirs(path, jobs)
@@ -108,32 +192,71 @@ def load_sweep(path: str | Path) -> Sweep:
                  date=_mtime_utc(multirun if multirun.exists() else path))
 
 
+def _read_env(path: Path) -> dict[str, Any]:
+    try:
+        env = read_json(path) if path.is_file() and path.stat().st_size <= MAX_RECORD_BYTES else None
+    except OSError:
+        return {}
+    return env if isinstance(env, dict) else {}
+
+
 def _add_rows_without_dirs(path: Path, jobs: list[dict[str, Any]]) -> None:
-    """Jobs that results.csv lists but that left no directory (e.g. never started)."""
-    csv = path / "results.csv"
-    if not csv.exists():
-        return
+    """Jobs that results.csv lists but that left no directory (e.g. never started). A results.csv
+    that cannot be read, or has no ``tag`` and ``status`` columns, adds nothing: the jobs are their
+    metrics.json files (one line on stderr says so)."""
     import pandas as pd
 
+    csv = path / "results.csv"
+    try:
+        if not csv.is_file():
+            return
+        rows = pd.read_csv(csv, usecols=lambda c: c in ("tag", "status", "error", "benchmark"), dtype=str,
+                           encoding="utf-8").to_dict("records")
+        if rows and not {"tag", "status"} <= set(rows[0]):
+            raise ValueError("it has no tag and status columns")
+    except (OSError, ValueError, UnicodeError, pd.errors.ParserError) as err:  # EmptyDataError is a ValueError
+        print(f"sweepbench: {csv} cannot be read ({str(err).splitlines()[0] if str(err) else type(err).__name__}); "
+              f"the jobs are read from their metrics.json files", file=sys.stderr)
+        return
     seen = {j.get("tag") for j in jobs}
-    for row in pd.read_csv(csv).to_dict("records"):
-        if row.get("tag") not in seen:
+    for row in rows:
+        tag = row.get("tag")
+        if isinstance(tag, str) and tag and tag not in seen:
+            seen.add(tag)
             error = row.get("error")
-            jobs.append({"tag": row.get("tag"), "status": row.get("status") or "failed",
+            status = row.get("status")
+            jobs.append({"tag": tag, "status": status if isinstance(status, str) else "failed",
                          "error": error if isinstance(error, str) else None,
-                         "benchmark": row.get("benchmark"), "config": {}, "results": {}})
+                         "benchmark": row.get("benchmark") if isinstance(row.get("benchmark"), str) else None,
+                         "config": {}, "results": {}})
 
 
 def _load_jobs_file(path: Path) -> Sweep:
+    """A jobs file; a record in it that is no job record becomes an ``unreadable`` job named by
+    its tag (or its place in the file); a body that holds no list of jobs is bad input."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+        if path.stat().st_size > MAX_RECORD_BYTES:
+            raise ValueError(f"{path.stat().st_size >> 20} MiB, more than {MAX_RECORD_BYTES >> 20} MiB")
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError) as err:
         raise ValueError(f"{path} is not a readable jobs file: {err}") from None
     if not isinstance(data, dict) or data.get("format") != JOBS_FILE_FORMAT:
         raise ValueError(f"{path} is not a jobs file (expected format {JOBS_FILE_FORMAT!r}, "
                          f"written by `sweepbench report SWEEP --save-jobs FILE`)")
-    return Sweep(path=Path(data.get("sweep") or path.stem), jobs=data["jobs"], envs=data.get("envs", {}),
-                 command=data.get("command", ""), date=data.get("date", ""))
+    if not isinstance(data.get("jobs"), list) or not data["jobs"]:
+        raise ValueError(f"{path} is a damaged jobs file: its 'jobs' is not a list of job records")
+    jobs = []
+    for i, record in enumerate(data["jobs"]):
+        problem = record_problem(record)
+        tag = record.get("tag") if isinstance(record, dict) and isinstance(record.get("tag"), str) else f"job {i + 1}"
+        jobs.append(unreadable_job(tag, path, f"{tag}: {problem}") if problem else thin_samples(record))
+    if all(j.get("status") == UNREADABLE for j in jobs):
+        raise ValueError(f"no job of {path} can be read: {jobs[0]['error']}")
+    envs = data.get("envs")
+    envs = {k: v for k, v in envs.items() if isinstance(v, dict)} if isinstance(envs, dict) else {}
+    name = data.get("sweep")
+    return Sweep(path=Path(name if isinstance(name, str) and name else path.stem), jobs=jobs, envs=envs,
+                 command=str(data.get("command") or ""), date=str(data.get("date") or ""))
 
 
 def save_jobs_file(sweep: Sweep, out: Path) -> Path:
