@@ -44,10 +44,13 @@ class PageSpec:
     ``case``, the results.csv columns that name one case (a case measured in several runs is one
     row); ``columns``, the benchmark's own columns after the common ones; ``derive(rows, pool)``
     fills computed columns of the shown rows (``pool``: every row of that machine, for a value
-    taken from another case, as T1 at the per-GPU length); ``notes``, sentences that define them."""
+    taken from another case, as T1 at the per-GPU length); ``notes``, sentences that define them;
+    ``rows(job)``, a job's results.csv rows in a raw run (one per measured case, from its
+    metrics.json dict, ``median_ms``/``iqr_ms``/``iters`` and the ``case`` columns at least)."""
 
     case: tuple[str, ...]
     columns: tuple[str, ...]
+    rows: Callable[[dict[str, Any]], list[dict[str, Any]]]
     derive: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None] | None = None
     notes: tuple[str, ...] = ()
 

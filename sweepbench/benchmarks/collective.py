@@ -46,6 +46,15 @@ def message_sizes(cfg: Any) -> list[int]:
     return sizes
 
 
+def _page_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
+    b = job["config"]["benchmark"]
+    return [{"impl": b.get("impl", "torch"), "world_size": job["world_size"], "op": c["op"],
+             "size_bytes": c["size_bytes"],
+             "dtype": c["dtype"], "iters": c["iters"], "ops_per_sample": b.get("ops_per_sample", 1),
+             "median_ms": c["median_s"] * 1e3, "iqr_ms": c["iqr_s"] * 1e3, "busbw_gbps": c["busbw_gbps"]}
+            for c in job["results"]["cases"]]
+
+
 def _page_derive(rows: list[dict[str, Any]], pool: list[dict[str, Any]]) -> None:
     """nccl-tests' busbw beside each row, from the same run, and the ratio to it."""
     nccl = {(r["run"], r["world_size"], r["op"], r["size_bytes"]): r for r in pool if r["impl"] == "nccl_tests"}
@@ -84,6 +93,7 @@ class CollectiveBenchmark(Benchmark):
             case=("impl", "world_size", "op", "size_bytes"),
             columns=("op", "size_bytes", "dtype", "ops_per_sample", "busbw_gbps", "nccl_tests_busbw_gbps", "ratio",
                      "meets_target", "verified"),
+            rows=_page_rows,
             derive=_page_derive,
             notes=("`busbw_gbps`: bus bandwidth as nccl-tests defines it (GB/s = 1e9 B/s), from the slowest "
                    "rank's median time.",

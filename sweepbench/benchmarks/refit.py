@@ -64,6 +64,15 @@ def _probe_bytes(b: Any, *, gpu: bool) -> int:
     return b.probe_bytes or (1 << 30 if gpu else 4 << 20)
 
 
+def _page_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
+    cfg, (c, *_) = job["config"], job["results"]["cases"]
+    b = cfg["benchmark"]
+    return [{"impl": b.get("impl", "sweepbench"), "strategy": b["strategy"], "world_size": job["world_size"],
+             "model": cfg["model"]["name"], "src": cfg["parallelism"]["name"], "dst": b["inference"],
+             "mode": cfg["mode"]["name"], "backend": job["backend"], "variant": "", "iters": c["iters"],
+             "median_ms": c["median_s"] * 1e3, "iqr_ms": c["iqr_s"] * 1e3, "floor_ms": c["link_floor_s"] * 1e3}]
+
+
 def _page_derive(rows: list[dict[str, Any]], pool: list[dict[str, Any]]) -> None:
     for r in rows:
         if r.get("floor_ms"):
@@ -87,6 +96,7 @@ class RefitBenchmark(Benchmark):
             case=("impl", "strategy", "model", "src", "dst", "mode", "backend", "variant"),
             columns=("strategy", "model", "src", "dst", "mode", "backend", "variant", "floor_ms", "ratio_to_floor",
                      "meets_target", "verified"),
+            rows=_page_rows,
             derive=_page_derive,
             notes=("`floor_ms`: the link floor, the busiest rank's bytes over the link's measured bandwidth; "
                    "`ratio_to_floor` = median / floor; `meets_target`: within 1.2× of the floor.",

@@ -48,6 +48,16 @@ class ReshardConfig(TransferConfig):
     dtype: str = "float32"  # float32 | bfloat16 | float16
 
 
+def _page_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
+    b = job["config"]["benchmark"]
+    return [{"impl": c["strategy"], "strategy": c["strategy"], "world_size": job["world_size"], "suite": c["suite"],
+             "case": c["case"],
+             "variant": f"local_allgather balance={c['balance']}" if c.get("local_allgather") else "",
+             "size_bytes": c["tensor_bytes"], "iters": c["iters"], "median_ms": c["median_s"] * 1e3,
+             "iqr_ms": c["iqr_s"] * 1e3, "floor_ms": c["link_floor_s"] * 1e3, "effective_gbps": c["effective_gbps"],
+             "fraction_of_link": c["fraction_of_link"]} for c in job["results"]["cases"]]
+
+
 def _page_derive(rows: list[dict[str, Any]], pool: list[dict[str, Any]]) -> None:
     for r in rows:
         if r.get("floor_ms"):
@@ -66,6 +76,7 @@ class ReshardBenchmark(Benchmark):
             case=("impl", "world_size", "suite", "case", "variant", "size_bytes"),
             columns=("suite", "case", "variant", "size_bytes", "floor_ms", "ratio_to_floor", "effective_gbps",
                      "fraction_of_link", "verified"),
+            rows=_page_rows,
             derive=_page_derive,
             notes=("`case`: source mesh and placement to destination mesh and placement (S0 = sharded on dim 0, "
                    "R = replicated); `ratio_to_floor` = median / link floor.",))

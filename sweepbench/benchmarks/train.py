@@ -57,6 +57,16 @@ def _max(per_rank: list[dict[str, Any]], key: str) -> Any:
     return max(values) if values else None
 
 
+def _page_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
+    cfg, (c, *_) = job["config"], job["results"]["cases"]
+    s = job["results"]["summary"]
+    return [{"impl": "sweepbench", "world_size": job["world_size"], "model": cfg["model"]["name"],
+             "layout": c["layout"], "dp_shard": s["dp_shard"], "seq_len": c["seq_len"], "ac": s["ac"],
+             "compile": s["compile"], "precision": c["precision"], "lora_rank": s["lora_rank"], "iters": c["iters"],
+             "median_ms": c["median_s"] * 1e3, "iqr_ms": c["iqr_s"] * 1e3,
+             "tokens_per_s_per_gpu": s["tokens_per_s_per_gpu"], "mfu_pct": c["mfu_pct"]}]
+
+
 @register("train")
 class TrainBenchmark(Benchmark):
     schema = TrainConfig
@@ -100,6 +110,7 @@ class TrainBenchmark(Benchmark):
             case=("impl", "model", "layout", "dp_shard", "seq_len", "ac", "compile", "precision", "lora_rank"),
             columns=("model", "layout", "dp_shard", "seq_len", "ac", "compile", "precision", "lora_rank",
                      "tokens_per_s_per_gpu", "mfu_pct", "verified"),
+            rows=_page_rows,
             notes=("`median_ms`: one optimizer step; `mfu_pct` by torchtitan's formula, 6·(N − N_embedding) + "
                    "6·L·H·2·d_head·S FLOPs per token, against the GPU's dense bf16 peak.",))
 

@@ -15,6 +15,7 @@ so. Within one case group (the case without its implementation), a gap to the fa
 the two IQRs reads "within noise".
 
     python bench/pages.py [--root docs/results] [--check]      # or python -m sweepbench.report.pages
+    python bench/pages.py --add multirun/SWEEP --name attention_h200x2_2026-11-27_gqa8   # keep a sweep, then regenerate
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import csv
 import io
 import json
 import re
+import shlex
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,16 +207,88 @@ def render_all(root: Path) -> dict[str, str]:
     return files
 
 
+def add_run(sweep: Path, root: Path, name: str, *, command: str = "") -> Path:
+    """Keep a finished sweep as the raw run ``root/runs/<name>``: results.csv from each job's
+    metrics.json through its benchmark's ``PageSpec.rows`` (a failed job as one row with its
+    status and error), each job's metrics.json and env.json, command.txt (``command``, else the
+    sweep's recorded overrides), env.json (the first job's versions) and run.json (after the runs
+    already kept for that machine and day). Written beside and renamed in: never half there."""
+    from sweepbench.benchmarks.registry import benchmark_names, get_benchmark
+
+    m = RUN_NAME.match(name)
+    if not m or m["benchmark"] not in benchmark_names():
+        raise ValueError(f"run name {name!r}: valid is <benchmark>_<machine>_<YYYY-MM-DD>[_<what>] with a benchmark "
+                         f"of {sorted(benchmark_names())}, e.g. attention_h200x2_2026-11-27_gqa8")
+    dest = root / "runs" / name
+    if dest.exists():
+        raise ValueError(f"{dest} exists; give the run another name (a repeat the same day: {name}_2)")
+    jobs = sorted(sweep.rglob("metrics.json"))
+    if not jobs:
+        raise ValueError(f"{sweep}: no metrics.json under it; valid: a sweep directory whose jobs ran")
+    spec = get_benchmark(m["benchmark"]).page()
+    rows, env = [], None
+    tmp = root / "runs" / f".{name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    for path in jobs:
+        job = json.loads(path.read_text())
+        if job.get("benchmark") != m["benchmark"]:
+            raise ValueError(f"{path}: a {job.get('benchmark')} job in a run named for {m['benchmark']}")
+        base = {"benchmark": m["benchmark"], "status": job["status"], "verified": job.get("verified"),
+                "tag": job["tag"], "error": job.get("error") or ""}
+        cases = spec.rows(job) if job["status"] == "ok" else []
+        rows += [{**r, **base} for r in cases] or [{**base, "world_size": job.get("world_size")}]
+        (tmp / job["tag"]).mkdir(parents=True, exist_ok=True)
+        write_atomic(tmp / job["tag"] / "metrics.json", path.read_text())
+        if (path.parent / "env.json").is_file():
+            write_atomic(tmp / job["tag"] / "env.json", (path.parent / "env.json").read_text())
+            env = env or json.loads((path.parent / "env.json").read_text())
+    cols = list(dict.fromkeys(k for r in rows for k in ("benchmark", *r)))
+    write_atomic(tmp / "results.csv", _csv_text([{c: r.get(c, "") for c in cols} for r in rows]))
+    write_atomic(tmp / "command.txt", (command or _command_of(sweep)) + "\n")
+    gpus = (env or {}).get("gpus") or {}
+    write_atomic(tmp / "env.json", json.dumps({
+        "gpu": (gpus.get("names") or ["cpu"])[0], "gpus": gpus.get("count", 0),
+        "torch": (env or {}).get("torch", ""),
+        "cuda": (env or {}).get("cuda") or "", "nccl": (env or {}).get("nccl") or "",
+        "cudnn": str((env or {}).get("cudnn") or ""), "driver": gpus.get("driver") or ""}, indent=1, sort_keys=True) + "\n")
+    same_day = [r for r in load_runs(root) if (r.machine, r.date) == (m["machine"], m["date"])]
+    write_atomic(tmp / "run.json", json.dumps({"sequence": max((r.order[1] for r in same_day), default=0) + 1}) + "\n")
+    tmp.rename(dest)
+    return dest
+
+
+def _command_of(sweep: Path) -> str:
+    """The sweep's command line as Hydra recorded it (multirun.yaml's task overrides)."""
+    from omegaconf import OmegaConf
+
+    recorded = sweep / "multirun.yaml"
+    if not recorded.is_file():
+        return ""
+    task = OmegaConf.select(OmegaConf.load(recorded), "hydra.overrides.task") or []
+    return "python -m sweepbench -m " + " ".join(shlex.quote(str(t)) for t in task)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python bench/pages.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", type=Path, default=Path("docs/results"),
                     help="the folder holding runs/ (default docs/results)")
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a committed page differs")
+    ap.add_argument("--add", type=Path, metavar="SWEEP_DIR", help="first keep this finished sweep as a raw run")
+    ap.add_argument("--name", help="the raw run's name with --add: <benchmark>_<machine>_<YYYY-MM-DD>[_<what>]")
+    ap.add_argument("--command", default="", help="with --add: the command that ran the sweep (default: as recorded)")
     a = ap.parse_args(argv)
     if not (a.root / "runs").is_dir():
         print(f"--root {a.root}: no runs/ folder in it; valid: a folder holding runs/<benchmark>_<machine>_<date>/",
               file=sys.stderr)
         return 2
+    if a.add is not None:
+        try:
+            if not a.name:
+                raise ValueError("--add needs --name <benchmark>_<machine>_<YYYY-MM-DD>[_<what>]")
+            print(f"kept {a.add} as {add_run(a.add, a.root, a.name, command=a.command)}")
+        except ValueError as err:
+            print(f"python bench/pages.py: {err}", file=sys.stderr)
+            return 2
     files = render_all(a.root)
     stale = [n for n, text in files.items() if not (a.root / n).is_file() or (a.root / n).read_text() != text]
     if a.check:

@@ -22,7 +22,10 @@ def test_committed_pages_are_what_the_raw_runs_give():
     for name, text in files.items():
         assert (RESULTS / name).is_file(), f"{name} is not committed: run python bench/pages.py"
         assert (RESULTS / name).read_text() == text, f"{name} differs from the raw runs: regenerate it"
-    committed = {p.name for p in RESULTS.glob("*_*.*") if p.suffix in (".md", ".csv")}
+    from sweepbench.benchmarks.registry import benchmark_names
+
+    page = re.compile(rf"^({'|'.join(benchmark_names())})_[a-z0-9]+\.(md|csv)$")
+    committed = {p.name for p in RESULTS.iterdir() if page.match(p.name)}
     assert committed == set(files), f"pages no raw run makes: {sorted(committed - set(files))}"
 
 
@@ -102,8 +105,50 @@ def test_check_fails_on_a_stale_page_and_bad_root_is_one_line(tmp_path, capsys):
 
 def test_the_index_links_every_page():
     index = (ROOT / "docs" / "results.md").read_text()
-    pages = sorted(p.name for p in RESULTS.glob("*_*.md"))
+    pages = sorted(name for name in render_all(RESULTS) if name.endswith(".md"))
     missing = [p for p in pages if f"(results/{p})" not in index]
     assert not missing, f"docs/results.md does not link {missing}"
     for link in re.findall(r"\(results/([^)]+\.md)\)", index):
         assert (RESULTS / link).is_file(), f"docs/results.md links {link}, which is not there"
+
+
+def test_a_finished_sweep_becomes_a_raw_run_and_its_page(report_sweeps, tmp_path, capsys):
+    """The report tests' CPU sweeps (collective with a failed job, refit) kept with --add, then paged."""
+    import torch
+
+    (tmp_path / "runs").mkdir()
+    coll, refit = report_sweeps["collective"], report_sweeps["refit"]
+    name = "collective_cpu_2026-01-01_tiny"
+    assert main(["--root", str(tmp_path), "--add", str(coll.sweep_dir), "--name", name]) == 0
+    run = tmp_path / "runs" / name
+    rows = list(csv.DictReader((run / "results.csv").open()))
+    failed = [r for r in rows if r["status"] != "ok"]
+    assert len(failed) == 1 and failed[0]["error"] and failed[0]["median_ms"] == ""
+    ok = [r for r in rows if r["status"] == "ok"]
+    tag = ok[0]["tag"]
+    cases = {(c["op"], c["size_bytes"]): c for c in coll.metrics(tag)["results"]["cases"]}
+    assert len(ok) == len(cases) and {r["op"] for r in ok} == {"all_reduce", "all_gather", "send_recv"}
+    for r in ok:
+        c = cases[(r["op"], int(r["size_bytes"]))]
+        assert float(r["median_ms"]) == c["median_s"] * 1e3 and float(r["iqr_ms"]) == c["iqr_s"] * 1e3
+        assert r["iters"] == "3" and r["world_size"] == "2"
+    assert "benchmark=collective" in (run / "command.txt").read_text()
+    assert json.loads((run / "env.json").read_text())["torch"] == torch.__version__
+    assert (run / tag / "metrics.json").read_text() == (coll.sweep_dir / tag / "metrics.json").read_text()
+    assert main(["--root", str(tmp_path), "--add", str(refit.sweep_dir), "--name", "refit_cpu_2026-01-01"]) == 0
+    # the second run kept for this machine and day, whatever its benchmark
+    assert json.loads((tmp_path / "runs" / "refit_cpu_2026-01-01" / "run.json").read_text()) == {"sequence": 2}
+
+    assert main(["--root", str(tmp_path)]) == 0
+    page = list(csv.DictReader((tmp_path / "collective_cpu.csv").open()))
+    assert len(page) == len(cases) and {r["run"] for r in page} == {name}  # the failed job: on no page
+    [row] = list(csv.DictReader((tmp_path / "refit_cpu.csv").open()))
+    assert float(row["ratio_to_floor"]) == float(row["median_ms"]) / float(row["floor_ms"])
+    assert row["src"] == "tp2" and row["model"] == "tiny"
+
+    capsys.readouterr()
+    for bad in (["--name", "nonsense"], ["--name", name], ["--name", "nosuch_cpu_2026-01-01"]):
+        assert main(["--root", str(tmp_path), "--add", str(coll.sweep_dir), *bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("python bench/pages.py: "), err
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [name, "refit_cpu_2026-01-01"]
