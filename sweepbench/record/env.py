@@ -147,6 +147,8 @@ def capture_env() -> dict[str, Any]:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "nccl": nccl,
+        # as torch reports it (cuDNN 9: major * 10000 + minor * 100 + patch); None without cuDNN
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "sweepbench": sweepbench_info(),
         "packages": dependency_versions(),
         "gpus": gpu_info(),

@@ -250,11 +250,21 @@ def add_run(sweep: Path, root: Path, name: str, *, command: str = "") -> Path:
         "gpu": (gpus.get("names") or ["cpu"])[0], "gpus": gpus.get("count", 0),
         "torch": (env or {}).get("torch", ""),
         "cuda": (env or {}).get("cuda") or "", "nccl": (env or {}).get("nccl") or "",
-        "cudnn": str((env or {}).get("cudnn") or ""), "driver": gpus.get("driver") or ""}, indent=1, sort_keys=True) + "\n")
+        "cudnn": _cudnn((env or {}).get("cudnn")), "driver": gpus.get("driver") or ""},
+        indent=1, sort_keys=True) + "\n")
     same_day = [r for r in load_runs(root) if (r.machine, r.date) == (m["machine"], m["date"])]
     write_atomic(tmp / "run.json", json.dumps({"sequence": max((r.order[1] for r in same_day), default=0) + 1}) + "\n")
     tmp.rename(dest)
     return dest
+
+
+def _cudnn(version: Any) -> str:
+    """cuDNN's version as torch reports it (91900) written as people do (9.19.0); "" if none."""
+    if not isinstance(version, int):
+        return "" if version is None else str(version)
+    if version >= 10000:  # cuDNN 9 on
+        return f"{version // 10000}.{version // 100 % 100}.{version % 100}"
+    return f"{version // 1000}.{version // 100 % 10}.{version % 100}"  # cuDNN 8: 8907 is 8.9.7
 
 
 def _command_of(sweep: Path) -> str:

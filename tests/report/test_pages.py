@@ -152,3 +152,11 @@ def test_a_finished_sweep_becomes_a_raw_run_and_its_page(report_sweeps, tmp_path
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("python bench/pages.py: "), err
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [name, "refit_cpu_2026-01-01"]
+
+
+def test_cudnn_version_written_as_people_do():
+    from sweepbench.record.env import capture_env
+    from sweepbench.report.pages import _cudnn
+
+    assert (_cudnn(91900), _cudnn(8907), _cudnn(None)) == ("9.19.0", "8.9.7", "")
+    assert "cudnn" in capture_env()  # recorded with every job (None without cuDNN)
