@@ -85,6 +85,9 @@ def test_eight_ranks(worlds) -> None:
     """W=8, 128 tokens (chunks of 16), segments 16/32/64 at rates 1/2/4: local, pairs, quads; every
     exchange stays inside its segment's ranks."""
     per_rank = worlds.get(8).run(recorded, 8, [_case(128, [16, 32, 64], [1, 2, 4], causal=c) for c in (True, False)])
+    # causal: rank j of a group of g sends g-1-j pieces forward and j back; non-causal g-1 each way
+    once = _piece(4, 16, 2) + 3 * _piece(4, 16, 4)
+    assert [[x["sent"] for x in cases] for cases in per_rank] == [[once, 2 * once]] * 8
     for rank, cases in enumerate(per_rank):
         assert max(x["error"] for x in cases) < 2e-5
         for x in cases:
