@@ -100,7 +100,8 @@ class RefitBenchmark(Benchmark):
             derive=_page_derive,
             notes=("`floor_ms`: the link floor, the busiest rank's bytes over the link's measured bandwidth; "
                    "`ratio_to_floor` = median / floor; `meets_target`: within 1.2× of the floor.",
-                   "`impl`: `sweepbench` (ours) or `megatron` (megatron-core's refit as a peer)."))
+                   "`impl`: `sweepbench` (ours) or `megatron` (megatron-core's refit as a peer); megatron-core "
+                   "runs its own copy service whatever `strategy` says, so its rows repeat one measurement."))
 
     @classmethod
     def headline(cls, cfg: DictConfig) -> list[Headline]:

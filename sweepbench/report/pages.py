@@ -89,7 +89,7 @@ def _fmt(v: Any) -> str:
         return "" if v is None else str(v)
     if x == int(x) and abs(x) >= 1 and "." not in str(v):
         return str(int(x))
-    return f"{x:.4g}"
+    return f"{x:.0f}" if abs(x) >= 1000 else f"{x:.4g}"  # 4 significant digits, no exponent above 1000
 
 
 def _noise(a: dict[str, Any], b: dict[str, Any]) -> float | None:
