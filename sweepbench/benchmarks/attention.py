@@ -133,6 +133,7 @@ class AttentionBenchmark(Benchmark):
         at = f"@{cfg.benchmark.seq_len} tokens"
         return [Headline("total_median_ms", f"fwd+bwd ms {at}" if cfg.benchmark.backward else f"fwd ms {at}"),
                 Headline("efficiency", f"efficiency T1/(W·T_W) {at}"),
+                Headline("efficiency_local", f"efficiency W·T1(L/W)/T_W {at}"),
                 Headline("tflops_per_gpu", f"TFLOP/s per GPU {at}"),
                 Headline("exposed_comm_fraction", f"exposed comm / time {at}")]
 
