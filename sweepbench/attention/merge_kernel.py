@@ -2,7 +2,7 @@
 rows of both outputs and their LSEs, and writes the merged rows (fp32 math, one rounding to ``out``'s
 dtype) and the new LSE in place. The eager form takes two passes over the rows with an fp32 temporary,
 both through PyTorch's non-vectorised kernels (the weight is broadcast over the head dim): 0.3 ms of
-the ring's rank 1 at W=2, 16K, on an H100, against 0.06 ms for this kernel (docs/results/runs/attention_h100x1_2026-11-25_merge_kernel_emulated).
+the ring's rank 1 at W=2, 16K, on an H100, against 0.06 ms for this kernel (docs/results/attention_h100x1.md).
 Triton compiles it once per machine (its disk cache); torch.compile of the same math cost each process
 4-12 s.
 

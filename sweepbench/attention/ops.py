@@ -10,7 +10,7 @@ block's share of the gradient of the merged attention (the softmax over the unio
 The SDPA backends are registered by name: ``cpu_flash`` (the CPU flash op), and on CUDA ``cudnn``,
 ``flash`` and ``efficient``. A backend whose ops take fewer kv heads than query heads (GQA) says so
 (``gqa``: cpu_flash, cuDNN and flash; measured on an H200, cuDNN's own GQA is 5-9% faster than the
-expanded heads at 4K-8K, docs/results/runs/attention_h200x1_2026-11-24_gqa_native_kv): K/V go to it as they are and its dK/dV come
+expanded heads at 4K-8K, docs/results/attention_h200x1.md): K/V go to it as they are and its dK/dV come
 back per kv head. For the others (efficient) the kv heads are expanded just before the op (after
 any communication) and their gradients summed back. A backend whose ops read strided tensors
 (``views``: cpu_flash, cuDNN and flash take any batch/head stride as long as each row is packed) is
@@ -107,7 +107,7 @@ def _efficient_bwd(dout, q, k, v, out, lse, aux, causal, scale):
     seed, offset = aux
     # the kernel reads out and dout as (B, L, H, D) rows, as its forward lays out its output: given
     # (B, H, L, D) memory it computed wrong dq/dk and, at some shapes, read past the end of out (the
-    # seed's dilated grid at 16K: an illegal memory access; see docs/results/runs/attention_h200x1_2026-11-24_sdpa_backends)
+    # seed's dilated grid at 16K: an illegal memory access; see docs/results/attention_h200x1.md)
     out, dout = _rows_major(out), _rows_major(dout)
     pad = -q.shape[2] % 32
     lse = torch.nn.functional.pad(lse, (0, pad)).contiguous()

@@ -13,7 +13,7 @@ Python's garbage is collected after the warm-up and the collector kept off while
 does: a full collection walks every object of the process (a model's modules, the harness's
 configs), so in a process with many objects it lands as a pause of hundreds of milliseconds in
 whichever sample triggers it (a 252 ms gen-2 collection inside one 16 ms megatron-core refit,
-absent from its standalone twin: docs/results/runs/peers_h100x1_2026-11-25_twins)."""
+absent from its standalone twin: docs/results/refit_h100x1.md)."""
 
 from __future__ import annotations
 
