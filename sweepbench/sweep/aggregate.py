@@ -11,6 +11,7 @@ round's value of each ``*_median_s`` headline number."""
 from __future__ import annotations
 
 import io
+import sys
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -123,8 +124,12 @@ def aggregate_sweep(sweep_dir: Path, jobs: Iterable[Any], *, resumed: set[str],
         rows.append(row)
     rows += _earlier_jobs(sweep_dir, {j.tag for j in jobs})
     table = pd.DataFrame(rows)
-    write_atomic(sweep_dir / "results.csv", table.to_csv(index=False))
-    buf = io.BytesIO()
-    table.astype({"error": "string"}).to_parquet(buf, index=False)
-    write_atomic(sweep_dir / "results.parquet", buf.getvalue())
+    try:
+        write_atomic(sweep_dir / "results.csv", table.to_csv(index=False))
+        buf = io.BytesIO()
+        table.astype({"error": "string"}).to_parquet(buf, index=False)
+        write_atomic(sweep_dir / "results.parquet", buf.getvalue())
+    except OSError as err:  # a full disk: the summary is printed all the same, and says why it is not written
+        table.attrs["not_written"] = f"results.csv and results.parquet not written: {err}"
+        print(f"sweepbench: {table.attrs['not_written']}", file=sys.stderr)
     return table

@@ -128,12 +128,21 @@ def _launch_rounds(sweeper: Any, jobs: list[PlannedJob], todo: list[rounds.Unit]
     num = 0
     for r in dict.fromkeys(r for _, r in todo):
         batch = [tag for tag, rr in todo if rr == r]
-        done = list(sweeper.launcher.launch([by_tag[t].round_overrides(r) for t in batch], initial_job_idx=num))
-        num += len(batch)
-        returns += done
-        crashed.update({(t, r): _crash_message(ret) for t, ret in zip(batch, done) if ret.status == JobStatus.FAILED})
-        if interrupt.requested() is not None:
-            break
+        # where the ranks start here, one job a call: a job whose files cannot be written (a full
+        # disk: Hydra saves the job's config before it runs) fails alone, and the rest still run
+        for part in ([[t] for t in batch] if runs_locally(sweeper) else [batch]):
+            try:
+                done = list(sweeper.launcher.launch([by_tag[t].round_overrides(r) for t in part],
+                                                    initial_job_idx=num))
+            except OSError as err:
+                done = []
+                crashed.update({(t, r): f"{type(err).__name__}: {err}" for t in part})
+            num += len(part)
+            returns += done
+            crashed.update({(t, r): _crash_message(ret) for t, ret in zip(part, done)
+                            if ret.status == JobStatus.FAILED})
+            if interrupt.requested() is not None:
+                return returns
     return returns
 
 
@@ -167,8 +176,11 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
         status.end()
         preload.release_kept()  # launch.keep_ranks: the sweep's ranks leave with it
     if repeats > 1:
-        rounds.write_combined(sweep_dir, [j.tag for j in jobs], repeats=repeats,
-                              crashed={(t, r): m for (t, r), m in crashed.items() if r is not None})
+        try:
+            rounds.write_combined(sweep_dir, [j.tag for j in jobs], repeats=repeats,
+                                  crashed={(t, r): m for (t, r), m in crashed.items() if r is not None})
+        except OSError as err:
+            print(f"sweepbench: the jobs' records of their rounds were not combined: {err}", file=sys.stderr)
     first_crash = {tag: msg for (tag, _), msg in reversed(list(crashed.items()))}
     table = aggregate_sweep(sweep_dir, jobs, resumed=resumed, crashed=first_crash)
     print_summary(table, sweep_dir=sweep_dir)
@@ -190,7 +202,7 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
     failed = grid[grid["status"] != "ok"]
     if len(failed):
         print(f"sweepbench: {len(failed)} of {len(grid)} jobs did not finish ok "
-              f"(see {sweep_dir / 'results.csv'})", file=sys.stderr)
+              f"({table.attrs.get('not_written') or 'see ' + str(sweep_dir / 'results.csv')})", file=sys.stderr)
         sys.exit(1)
     return [returns]
 
