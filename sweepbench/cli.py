@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -56,10 +57,97 @@ def register_sweeper() -> None:
         plugins.register(plugin)
 
 
+GROUPS = ("benchmark", "model", "parallelism", "backend", "mode", "experiment")
+HELP_FLAGS = ("--help", "-h")
+
+
+def _conf_dir() -> Path:
+    here = Path(__file__).resolve().parent
+    return here / "conf" if (here / "conf" / "config.yaml").is_file() else here.parent / "conf"
+
+
+def group_options(group: str) -> list[str]:
+    """The options a user picks in a config group: its YAML files (``base_*``, the schemas the
+    options extend, are internal)."""
+    folder = _conf_dir() / group
+    return sorted(p.stem for p in folder.glob("*.yaml") if not p.stem.startswith("base_"))
+
+
+def _summary_line(group: str, option: str) -> str:
+    """The first sentence of an option's YAML comment: what it is."""
+    words: list[str] = []
+    for line in (_conf_dir() / group / f"{option}.yaml").read_text().splitlines():
+        if not line.startswith("# ") or line.startswith(("#  ", "# @package")):
+            if words:
+                break
+            continue
+        words.append(line[2:].strip())
+        if words[-1].endswith("."):
+            break
+    return " ".join(words)
+
+
+def help_page() -> str:
+    benchmarks = "\n".join(f"  {name:<11} {_summary_line('benchmark', name)}" for name in group_options("benchmark"))
+    groups = "\n".join(f"  {g}: {', '.join(group_options(g))}" for g in GROUPS[1:])
+    return f"""sweepbench: distributed PyTorch benchmarks composed from config groups, swept locally or on SLURM
+
+usage:
+  python -m sweepbench [group=option ...] [key=value ...]   one job (default: refit of the tiny model, tp2 -> tp1)
+  python -m sweepbench -m parallelism=tp2,tp4 [...]         a sweep: one job per combination of the listed values
+  python -m sweepbench -m ... sweep.dry_run=true            list every job, its command and whether it fits here;
+                                                            start nothing
+  python -m sweepbench -m ... hydra/launcher=slurm          submit the jobs to SLURM (docs/slurm.md)
+  sweepbench report SWEEP_DIR [--wandb]                     the sweep's report.html (and a wandb workspace view)
+  sweepbench compare BASELINE CANDIDATE [--fail-on-regression]   faster, slower or unchanged, and is the gap real
+
+benchmarks (benchmark=NAME):
+{benchmarks}
+
+config groups (group=option):
+{groups}
+
+switches: sweep.repeats=N (fresh processes per round), sweep.on_unfit=skip|refuse (jobs that do not fit),
+  sweep.force=true (rerun jobs already ok), backend=auto|gloo|nccl, launch.timeout_s=S, fault.kind=...
+  Any key of the composed config can be overridden (key=value); --cfg job prints it.
+
+docs: README.md, docs/running.md (every switch), docs/slurm.md, docs/reports.md, docs/benchmarks/
+Hydra's own help: --hydra-help"""
+
+
+def check_internal_choices(argv: list[str]) -> None:
+    """``benchmark=base_refit`` and the like name a schema, not an option: one line, exit 2."""
+    from sweepbench.sweep.errors import exit_bad_input
+
+    for arg in argv:
+        key, eq, value = arg.lstrip("+~").partition("=")
+        if not eq or key not in GROUPS:
+            continue
+        for choice in value.split(","):
+            if choice.strip().startswith("base_"):
+                exit_bad_input(f"{key}={choice.strip()} is an internal schema, not a {key}; choose one of "
+                               f"{', '.join(group_options(key))}")
+
+
+_early_signal: list[int] = []
+
+
+def _stop_early(signum: int, frame: object) -> None:
+    """SIGTERM before a local sweep's own handlers: stop as Ctrl-C does (KeyboardInterrupt)."""
+    _early_signal.append(signum)
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     from sweepbench.report.cli import maybe_run  # `sweepbench report|compare ...`; imported lazily
     if maybe_run():
         return
+    if any(arg in HELP_FLAGS for arg in sys.argv[1:]):
+        print(help_page())
+        return
+    check_internal_choices(sys.argv[1:])
+    # until a local sweep installs its own handlers (launch.interrupt), SIGTERM stops it as Ctrl-C does
+    signal.signal(signal.SIGTERM, _stop_early)
     register_sweeper()
     store_schemas()
     load_all()
@@ -67,8 +155,9 @@ def main() -> None:
     try:
         _hydra_main()
     except KeyboardInterrupt:  # before any job started (a running local sweep stops on its own)
-        print("sweepbench: interrupted", file=sys.stderr)
-        sys.exit(130)
+        signum = _early_signal[0] if _early_signal else signal.SIGINT
+        print(f"sweepbench: interrupted by {signal.Signals(signum).name} before any job started", file=sys.stderr)
+        sys.exit(128 + signum)
     except HydraException as err:
         if not compose_errors.raising():
             raise

@@ -17,7 +17,8 @@ from omegaconf import DictConfig
 
 from sweepbench.core import JobOutcome
 from sweepbench.launch.local import launch_local
-from sweepbench.launch.preflight import validate
+from sweepbench.launch.preflight import job_backend, on_backend, validate
+from sweepbench.launch.rank import process_age_s
 from sweepbench.launch.slurm import in_rank_task, run_slurm_tasks
 from sweepbench.record.recorder import record_job
 from sweepbench.sweep.tags import make_tag
@@ -39,9 +40,11 @@ def sweep_group() -> str:
 
 
 def run_local(cfg: DictConfig, *, world_size: int, job_dir: Path, record: Record) -> dict[str, Any]:
-    """Spawn the job's ranks on this machine and record the outcome."""
+    """Spawn the job's ranks on this machine (told the backend it gives them: ``job_backend``) and
+    record the outcome."""
     try:
-        outcome = launch_local(cfg, world_size=world_size, job_dir=job_dir)
+        ranks_cfg = on_backend(cfg, job_backend(cfg, world_size))
+        outcome = launch_local(ranks_cfg, world_size=world_size, job_dir=job_dir)
     except Exception as err:  # a launch that could not even start is a failed job, not a failed sweep
         outcome = JobOutcome("failed", f"launch: {type(err).__name__}: {err}")
     return record(outcome)
@@ -52,10 +55,13 @@ class LaunchMode:
     name: str
     applies: Callable[[], bool]
     run: Callable[..., dict[str, Any] | None]  # (cfg, *, world_size, job_dir, record)
+    # this process is rank 0 itself: the job's wall time starts when the process did, so that it
+    # holds rank 0's start-up (recorder.WALL_PHASES' "start", timed from the process's start)
+    in_rank: bool = False
 
 
 LAUNCH_MODES: tuple[LaunchMode, ...] = (
-    LaunchMode("slurm", in_rank_task, run_slurm_tasks),  # one submitit/SLURM task per rank
+    LaunchMode("slurm", in_rank_task, run_slurm_tasks, in_rank=True),  # one submitit/SLURM task per rank
     LaunchMode("local", lambda: True, run_local),
 )
 
@@ -67,12 +73,12 @@ def launch_mode() -> LaunchMode:
 def run(cfg: DictConfig) -> dict[str, Any] | None:
     """Run one job and return its metrics (also written to ``metrics.json`` in the job dir);
     None on the ranks of a SLURM job that do not record (all but rank 0)."""
-    world_size = validate(cfg)
+    mode = launch_mode()
+    world_size = validate(cfg, here=mode.name == "local")  # a SLURM task: its request was checked when planned
     tag = make_tag(cfg, world_size=world_size)
     job_dir = Path(HydraConfig.get().runtime.output_dir)
-    mode = launch_mode()
     log.info("job %s: %s on %d ranks (%s launch)", tag, cfg.benchmark.name, world_size, mode.name)
-    tic = time.monotonic()
+    tic = time.monotonic() - ((process_age_s() or 0.0) if mode.in_rank else 0.0)
 
     def record(outcome: JobOutcome) -> dict[str, Any]:
         return record_job(

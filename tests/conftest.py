@@ -33,6 +33,8 @@ SECRETS = {"WANDB_API_KEY": "sekrit123", "NCCL_FAKE_TOKEN": "sekrit456", "MY_PAS
 VISIBLE = {"TORCH_SWEEPBENCH_MARKER": "visible111"}  # relevant and not secret: kept verbatim
 
 SWEEP_TIMEOUT_S = 240
+# rich draws as on a terminal (tables, not the plain lines of a pipe), without colours or a live line
+TERMINAL = {"TTY_COMPATIBLE": "1", "NO_COLOR": "1", "TERM": "dumb"}
 
 
 def base_env(**extra: str) -> dict[str, str]:

@@ -112,13 +112,13 @@ class TrainBenchmark(Benchmark):
 
     @classmethod
     def memory_bytes(cls, cfg: DictConfig, world_size: int) -> int:
-        """Sharded weights, gradients and optimizer states (activations not counted)."""
-        from sweepbench.train.plan import build_plan
-        from sweepbench.train.shape import Shape, bytes_per_param
+        """A rank's peak: the single-device reference it verifies against, or its share of the
+        layout (DDP: the whole model per rank), activations included (``train.plan.rank_bytes``)."""
+        from sweepbench.config.validate import device_type, visible_gpu_memory
+        from sweepbench.train.plan import rank_bytes
 
-        plan, shape = build_plan(cfg), Shape.of(cfg.model)
-        per_param = bytes_per_param(plan.precision, trainable=cfg.benchmark.lora_rank == 0)
-        return shape.num_params() * per_param // world_size
+        gpu = min(visible_gpu_memory(), default=0) if device_type(cfg) == "cuda" else None
+        return rank_bytes(cfg, device_bytes=gpu or None)
 
     @classmethod
     def page(cls) -> PageSpec:

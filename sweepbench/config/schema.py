@@ -107,6 +107,9 @@ class SweepConfig:
     # run each job this many times, each a fresh launch of its ranks, interleaved with the other
     # jobs (round 1 of every job, then round 2, ...): <tag>/rounds/<r>/, combined in <tag>/metrics.json
     repeats: int = 1
+    # jobs that do not fit where they would run (this machine's GPUs, cores and memory; a cluster's
+    # request): skip = run the others, record these as skipped and exit 3; refuse = run nothing (exit 2)
+    on_unfit: str = "skip"
     # Tag format: str.format fields are the group option names (benchmark, model, parallelism,
     # backend, mode), detail (the benchmark's own tag fields, e.g. "-tp1-send_recv"), world_size
     # and hash (short hash of the resolved job config).

@@ -149,6 +149,11 @@ def launch_local(cfg: DictConfig, *, world_size: int, job_dir: Path) -> JobOutco
     return outcome
 
 
+def _interrupted(signum: int, tic: float, world_size: int) -> JobOutcome:
+    return JobOutcome("interrupted", f"interrupted by {signal.Signals(signum).name} after "
+                                     f"{time.monotonic() - tic:.1f}s; its {world_size} ranks were stopped")
+
+
 def _supervise(cfg: DictConfig, procs: list[subprocess.Popen], store: Any, status: Any, *, job_dir: Path,
                payload_path: Path, tic: float) -> JobOutcome:
     from sweepbench.launch import interrupt
@@ -159,13 +164,15 @@ def _supervise(cfg: DictConfig, procs: list[subprocess.Popen], store: Any, statu
         codes = [p.poll() for p in procs]
         if any(c not in (None, 0) for c in codes):
             time.sleep(POLL_S)  # let a raising rank's peers settle, so the cause is told apart from echoes
+            signum = interrupt.requested()
+            if signum is not None:  # the stop's signal reached the ranks too (sent to every process)
+                return _interrupted(signum, tic, world_size)
             return JobOutcome("failed", _failure(procs, [p.poll() for p in procs], job_dir))
         if all(c == 0 for c in codes):
             break
         signum = interrupt.requested()
         if signum is not None:
-            return JobOutcome("interrupted", f"interrupted by {signal.Signals(signum).name} after "
-                                             f"{time.monotonic() - tic:.1f}s; its {world_size} ranks were stopped")
+            return _interrupted(signum, tic, world_size)
         if time.monotonic() > deadline:
             return JobOutcome("timeout", f"job exceeded launch.timeout_s={cfg.launch.timeout_s:g}s; "
                                          f"all {world_size} ranks were killed")

@@ -5,14 +5,15 @@ would be valid."""
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 from typing import Callable
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, read_write
 
 from sweepbench.config.validate import CHECKS as KNOB_CHECKS
-from sweepbench.config.validate import GPU_BACKENDS, check_backend, resolve_backend, visible_gpu_memory, visible_gpus
+from sweepbench.config.validate import GPU_BACKENDS, check_backend, visible_gpu_memory, visible_gpus
 from sweepbench.core import NotOnThisMachine
 from sweepbench.launch.faults import FAULTS, check_fault_factor
 from sweepbench.record.wandb_run import check_wandb_names
@@ -56,9 +57,39 @@ def _check_ranks(cfg: DictConfig, world_size: int) -> None:
 def _check_gpus(cfg: DictConfig, world_size: int) -> None:
     gpus = visible_gpus()
     per_node = cfg.launch.ranks_per_node or world_size
-    if resolve_backend(cfg.backend.name) in GPU_BACKENDS and per_node > gpus:
+    if cfg.backend.name in GPU_BACKENDS and per_node > gpus:
         raise ValueError(f"{per_node} ranks per node need {per_node} GPUs, but {gpus} are visible "
                          f"(world_size={world_size}); use a layout of at most {gpus} ranks per node")
+
+
+def job_backend(cfg: DictConfig, world_size: int) -> str:
+    """The backend a job whose ranks start on this machine runs with: ``backend=auto`` is NCCL
+    where this machine has a GPU for each of the job's ranks per node, else gloo on the CPU; a
+    backend named in the config is kept (and refused where the machine lacks its GPUs)."""
+    if cfg.backend.name != "auto":
+        return str(cfg.backend.name)
+    gpus = visible_gpus()
+    return "nccl" if gpus and (cfg.launch.ranks_per_node or world_size) <= gpus else "gloo"
+
+
+def on_backend(cfg: DictConfig, backend: str) -> DictConfig:
+    """A copy of ``cfg`` naming ``backend`` (what the job's ranks are given)."""
+    if cfg.backend.name == backend:
+        return cfg
+    pinned = copy.deepcopy(cfg)
+    with read_write(pinned):
+        pinned.backend.name = backend
+    return pinned
+
+
+def cpu_fallback_note(cfg: DictConfig, world_size: int) -> str:
+    """One line where ``backend=auto`` runs on the CPU although this machine has GPUs ("" else)."""
+    gpus = visible_gpus()
+    if cfg.backend.name != "auto" or not gpus or job_backend(cfg, world_size) != "gloo":
+        return ""
+    per_node = cfg.launch.ranks_per_node or world_size
+    return (f"backend=auto: {per_node} ranks per node, {gpus} GPU{'s' if gpus > 1 else ''} visible: running on "
+            f"the CPU with gloo (backend=nccl requires a GPU per rank and refuses such a job)")
 
 
 def validate_config(cfg: DictConfig, *, plan: bool = False) -> int:
@@ -81,30 +112,51 @@ def validate_config(cfg: DictConfig, *, plan: bool = False) -> int:
 
 
 def check_machine(cfg: DictConfig, world_size: int) -> None:
-    """Does this machine have the GPUs the job's backend and ranks per node need?"""
+    """Does this machine have the GPUs the job's backend and ranks per node need? (``cfg`` names
+    the backend the job runs with: ``job_backend``.)"""
     check_backend(cfg)
     _check_gpus(cfg, world_size)
 
 
-def validate(cfg: DictConfig) -> int:
-    """Validate a resolved job config for a run from this machine; returns its world size."""
-    world_size = validate_config(cfg)
-    check_machine(cfg, world_size)
+def validate(cfg: DictConfig, *, here: bool = True) -> int:
+    """Validate a resolved job config; returns its world size. ``here``: the job's ranks run on
+    this machine (a local job, or this process is a SLURM task of it), so its GPUs are checked
+    too; a job submitted to a cluster is checked against its request instead (``cluster_note``)."""
+    from sweepbench.benchmarks.registry import get_benchmark
+
+    world_size = validate_config(cfg, plan=True)
+    if here:
+        ranks = on_backend(cfg, job_backend(cfg, world_size))
+        get_benchmark(cfg.benchmark.name).validate(ranks)  # its checks of the device the job gets
+        check_machine(ranks, world_size)
     return world_size
 
 
-def fit_note(cfg: DictConfig, world_size: int, *, local: bool) -> str:
-    """Why the job (already through ``validate_config``) would not run from this machine ("" when
-    it would): the benchmark's device checks (``NotOnThisMachine``), GPUs missing for its backend,
-    and for a local job (ranks on this machine) too many
-    ranks or too little memory. A dry run records it per job; a real run refuses with it."""
+def cluster_note(cfg: DictConfig, gpus_per_node: int) -> str:
+    """Why a job for a cluster whose request gives ``gpus_per_node`` GPUs per node could not run
+    there ("" when it could): a GPU backend with no GPU requested. (Its placement is checked where
+    its request is computed: ``launch.slurm_request.job_request``.)"""
+    if cfg.backend.name in GPU_BACKENDS and not gpus_per_node:
+        return (f"backend={cfg.backend.name} needs GPUs, but the launcher asks for none; set "
+                f"hydra.launcher.gpus_per_node (the cluster preset's) or launch.gpus_per_node")
+    return ""
+
+
+def fit_note(cfg: DictConfig, world_size: int, *, local: bool, gpus_per_node: int = 0) -> str:
+    """Why the job (already through ``validate_config``) would not run ("" when it would). A job
+    whose ranks start on this machine (``local``): the benchmark's device checks
+    (``NotOnThisMachine``), GPUs missing for its backend, too many ranks or too little memory. A
+    job submitted to a cluster is judged by its request (``gpus_per_node``), never by this
+    machine's GPUs. A dry run records it per job; a real run skips (or refuses) such jobs."""
     from sweepbench.benchmarks.registry import get_benchmark
 
+    if not local:
+        return cluster_note(cfg, gpus_per_node)
+    ranks = on_backend(cfg, job_backend(cfg, world_size))
     try:
-        get_benchmark(cfg.benchmark.name).validate(cfg)  # its checks of the device this machine gives
-        check_machine(cfg, world_size)
-        if local:
-            check_local_fit(cfg, world_size)
+        get_benchmark(cfg.benchmark.name).validate(ranks)  # its checks of the device this machine gives
+        check_machine(ranks, world_size)
+        check_local_fit(ranks, world_size)
     except ValueError as err:
         return str(err)
     return ""
@@ -142,7 +194,7 @@ def check_local_fit(cfg: DictConfig, world_size: int) -> None:
     if need <= 0:
         return
     force = "set launch.skip_memory_check=true to run it anyway"
-    if resolve_backend(cfg.backend.name) in GPU_BACKENDS:
+    if cfg.backend.name in GPU_BACKENDS:
         have = min(visible_gpu_memory(), default=0)
         if need > have:
             raise ValueError(f"{cfg.benchmark.name} needs about {need / GiB:.1f} GiB per rank, more than a GPU's "

@@ -1,7 +1,8 @@
 """Progress while a local sweep runs: job i of N with the elapsed time and an estimate of what is
 left, and on a terminal a live line with the running job's cases (rich), fed by the ranks'
 ``sweepbench.measure.progress.case_done`` through the job's store. Job lines are plain prints,
-so a log or a pipe gets them too; the live line only exists on a terminal."""
+so a log or a pipe gets them too; there, instead of the live line, a running job prints a line
+every ``PLAIN_EVERY_S`` seconds (its elapsed time and its last case)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.status import Status
 
+PLAIN_EVERY_S = 30.0  # not a terminal: a line this often while a job runs
 
 def _clock(seconds: float) -> str:
     seconds = int(round(seconds))
@@ -25,10 +27,12 @@ class SweepStatus:
     tags: list[str]  # the jobs (rounds of jobs: ``unit_label``) this invocation launches, in order
     start: float = field(default_factory=time.monotonic)
     durations: list[float] = field(default_factory=list)
+    started: set[str] = field(default_factory=set)  # the jobs (rounds) that began starting their ranks
     _job_start: float = 0.0
     _tag: str = ""
     _what: str = "starting"
     _live: Status | None = None
+    _said: float = 0.0  # when the last plain progress line of the running job was printed
 
     def index(self, tag: str) -> int:
         return self.tags.index(tag) + 1 if tag in self.tags else len(self.durations) + 1
@@ -41,11 +45,12 @@ class SweepStatus:
 
     def job_started(self, tag: str, world_size: int) -> None:
         self._tag, self._job_start = tag, time.monotonic()
+        self.started.add(tag)
         print(f"[{self.index(tag)}/{len(self.tags)}] {tag}: {world_size} ranks starting "
               f"(sweep {_clock(time.monotonic() - self.start)} elapsed, {self.estimate()})", flush=True)
+        self._what, self._said = "running, no case reported yet", self._job_start
         console = Console(file=sys.stdout)
         if console.is_terminal:
-            self._what = "running, no case reported yet"
             self._live = console.status(self._line())
             self._live.start()
 
@@ -54,14 +59,17 @@ class SweepStatus:
                 f"({_clock(time.monotonic() - self._job_start)})")
 
     def case_done(self, done: int, total: int | None, label: str) -> None:
+        of = f"/{total}" if total else ""
+        self._what = f"case {done}{of}: {label}"
         if self._live is not None:
-            of = f"/{total}" if total else ""
-            self._what = f"case {done}{of}: {label}"
             self._live.update(self._line())
 
     def tick(self) -> None:
         if self._live is not None:
             self._live.update(self._line())
+        elif time.monotonic() - self._said >= PLAIN_EVERY_S:
+            self._said = time.monotonic()
+            print(f"{self._line()} {self._tag}", flush=True)
 
     def job_finished(self, status: str, error: str | None = None) -> None:
         if self._live is not None:

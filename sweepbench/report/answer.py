@@ -116,6 +116,9 @@ def _compare(ranking: Ranking, thresholds: Any) -> None:
         ranking.note = f"not tested ({err})"
 
 
+NOT_ATTEMPTED = ("skipped", "not run")  # did not fit / a stop came first: listed in the summary, not as failures
+
+
 def answer_benchmark(name: str, jobs: Sequence[dict[str, Any]], *, thresholds: Any = None) -> Answer:
     from sweepbench.report.stats import Thresholds
 
@@ -124,7 +127,7 @@ def answer_benchmark(name: str, jobs: Sequence[dict[str, Any]], *, thresholds: A
     every: list[Axis] = [*lay.scales, *lay.series]
     result = Answer(name, lay)
     for job in jobs:
-        if job.get("status") != "ok":
+        if job.get("status") not in ("ok", *NOT_ATTEMPTED):
             error = (job.get("error") or "(no error recorded)").strip().splitlines() or [""]
             result.failed.append({"tag": str(job.get("tag")), "config": " ".join(f"{a.name}={a.show(job)}" for a in every) if job.get("config") else "",
                                   "status": str(job.get("status")), "error": error[-1][:200]})
@@ -132,8 +135,11 @@ def answer_benchmark(name: str, jobs: Sequence[dict[str, Any]], *, thresholds: A
     groups: dict[tuple[str, str], Ranking] = {}
     order: dict[tuple[str, str], tuple[Any, ...]] = {}  # by the scales' values, then the cases' order
     keys = _case_keys(ok)
+    backends = {str(j.get("backend")) for j in ok}  # a CPU (gloo) job is never ranked against a GPU job
     for job in ok:
         group = ", ".join(f"{a.name}={_show(a.key, a.value(job))}" for a in lay.scales)
+        if len(backends) > 1:
+            group = ", ".join(filter(None, [group, f"ran on {job.get('backend')}"]))
         for case, key in zip(job["results"].get("cases", []), keys[id(job)]):
             times = [float(t) for t in case.get("times_s") or []]
             if not times:

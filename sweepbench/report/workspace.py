@@ -145,12 +145,16 @@ def publish_workspace(sweep: Sweep, *, baseline: str | None = None) -> int:
         return 0
     import wandb
 
-    api_key = os.environ.get("WANDB_API_KEY") or wandb.Api(timeout=20).api_key
+    try:  # without a login (no WANDB_API_KEY, no `wandb login`) wandb's Api raises UsageError
+        api = wandb.Api(timeout=20)
+        api_key = os.environ.get("WANDB_API_KEY") or api.api_key
+    except wandb.errors.UsageError:
+        api_key = None
     if not api_key:
         print("sweepbench: publishing a workspace needs a wandb login (`wandb login`); nothing was published",
               file=sys.stderr)
         return 0
-    entity = entity or wandb.Api(timeout=20).default_entity
+    entity = entity or api.default_entity
     view = build_workspace(sweep, entity=entity, project=project, baseline=baseline).save()
     print(f"sweepbench: workspace view saved: {view.url}")
     return 0

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import pandas as pd
+from omegaconf import OmegaConf
 
 from sweepbench.record.atomic import read_json, write_atomic
 from sweepbench.record import METRICS_FILE
@@ -91,9 +92,14 @@ def _round_columns(sweep_dir: Path, metrics: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _missing_row(job: Any, error: str) -> dict[str, Any]:
-    return {"tag": job.tag, "status": "failed", "error": error, "world_size": job.world_size,
-            "benchmark": job.cfg.benchmark.name}
+def _missing_row(job: Any, error: str, status: str = "failed") -> dict[str, Any]:
+    """A job with no record: it crashed before recording (failed), did not fit (skipped) or a stop
+    came before it started (not run). Its config columns come from the plan."""
+    config = OmegaConf.to_container(job.cfg, resolve=True)
+    row = {"tag": job.tag, "status": status, "error": error}
+    row.update({col: _dig(config, path) for col, path in CONFIG_COLUMNS.items()})  # type: ignore[arg-type]
+    row.update({"backend": getattr(job, "backend", "") or job.cfg.backend.name, "world_size": job.world_size})
+    return row
 
 
 def _earlier_jobs(sweep_dir: Path, known: set[str]) -> list[dict[str, Any]]:
@@ -107,15 +113,22 @@ def _earlier_jobs(sweep_dir: Path, known: set[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def aggregate_sweep(sweep_dir: Path, jobs: Iterable[Any], *, resumed: set[str],
-                    crashed: dict[str, str]) -> pd.DataFrame:
+def aggregate_sweep(sweep_dir: Path, jobs: Iterable[Any], *, resumed: set[str], crashed: dict[str, str],
+                    skipped: dict[str, str] | None = None, not_run: dict[str, str] | None = None) -> pd.DataFrame:
     """Write ``results.csv`` and ``results.parquet`` (atomically) and return the table. ``this_run``
-    marks the jobs this invocation ran: those of ``jobs`` not ``resumed``."""
+    marks the jobs this invocation ran: those of ``jobs`` not ``resumed``. ``skipped`` (did not
+    fit) and ``not_run`` (a stop came first) map such jobs' tags to why: with no record of their
+    own (or, skipped, one that is not ok) their status says so, never ``failed``."""
     jobs = list(jobs)
+    skipped, not_run = skipped or {}, not_run or {}
     rows = []
     for job in jobs:
         metrics = read_json(sweep_dir / job.tag / METRICS_FILE)
-        if not isinstance(metrics, dict):
+        if job.tag in skipped and not (isinstance(metrics, dict) and metrics.get("status") == "ok"):
+            row = _missing_row(job, skipped[job.tag], "skipped")
+        elif not isinstance(metrics, dict) and job.tag in not_run:
+            row = _missing_row(job, not_run[job.tag], "not run")
+        elif not isinstance(metrics, dict):
             row = _missing_row(job, crashed.get(job.tag, "the job left no metrics.json"))
         else:
             row = {**job_row(metrics), **_round_columns(sweep_dir, metrics)}

@@ -7,6 +7,7 @@ job, then round 2, ... (see ``rounds``). Ctrl-C/SIGTERM during a local sweep sto
 from __future__ import annotations
 
 import shlex
+import shutil
 import signal
 import sys
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from sweepbench.config.validate import check_repeats
 from sweepbench.launch import interrupt, preload, status
 from sweepbench.launch.interpreter import check_interpreter
-from sweepbench.launch.preflight import fit_note, validate_config
+from sweepbench.launch.preflight import cpu_fallback_note, fit_note, job_backend, validate_config
 from sweepbench.record.atomic import write_atomic
 from sweepbench.record.recorder import WALL_PHASES
 from sweepbench.sweep import resume, rounds
@@ -40,7 +41,8 @@ class PlannedJob:
     tag: str
     world_size: int
     cfg: DictConfig  # resolved job config, without the hydra node
-    fit: str = ""  # why it would not run from this machine ("" if it would); only a dry run keeps such a job
+    fit: str = ""  # why it would not run where it would run ("" if it would): a dry run lists it, a run skips it
+    backend: str = ""  # the backend it runs with (``backend=auto`` resolved for this machine; "" on a cluster)
 
     @property
     def launch_overrides(self) -> list[str]:
@@ -56,9 +58,20 @@ def runs_locally(sweeper: Any) -> bool:
     return isinstance(sweeper.launcher, BasicLauncher)
 
 
+ON_UNFIT = ("skip", "refuse")
+EXIT_SKIPPED = 3  # every job that ran finished ok, but some did not fit and were skipped
+
+
+def cluster_gpus_per_node(sweeper: Any, cfg: DictConfig) -> int:
+    """GPUs per node a cluster job asks for (``launch.gpus_per_node``, else the launcher preset's)."""
+    return int(cfg.launch.gpus_per_node or sweeper.config.hydra.launcher.get("gpus_per_node") or 0)
+
+
 def plan_jobs(sweeper: Any, arguments: list[str]) -> list[PlannedJob]:
-    """Compose, validate and tag every job of the grid; exit 2 on the first bad one (a dry run
-    keeps a job that only does not fit this machine, with the reason as its fit note)."""
+    """Compose, validate and tag every job of the grid; exit 2 on the first bad one. A job that is
+    valid but does not fit where it would run (this machine, or the cluster's request) is kept
+    with the reason as its fit note (a dry run lists it, a run skips it), unless
+    ``sweep.on_unfit=refuse``; a grid none of whose jobs fits is refused (exit 2)."""
     loader = sweeper.hydra_context.config_loader
     parser = OverridesParser.create(config_loader=loader)
     try:
@@ -66,15 +79,16 @@ def plan_jobs(sweeper: Any, arguments: list[str]) -> list[PlannedJob]:
     except HydraException as err:
         exit_bad_input(error_line(err))
     local, dry_run = runs_locally(sweeper), bool(sweeper.config.sweep.dry_run)
+    refuse = sweeper.config.sweep.on_unfit == "refuse"
     composer = JobComposer(loader, sweeper.config)
     jobs: dict[str, PlannedJob] = {}
     for overrides in grid:
         try:
             cfg = composer.compose(list(overrides))
             world_size = validate_config(cfg, plan=True)
-            fit = fit_note(cfg, world_size, local=local)
-            if fit and not dry_run:
-                raise ValueError(fit)
+            fit = fit_note(cfg, world_size, local=local, gpus_per_node=cluster_gpus_per_node(sweeper, cfg))
+            if fit and refuse and not dry_run:
+                raise ValueError(fit + " (sweep.on_unfit=refuse)")
             tag = make_tag(cfg, world_size=world_size)
             if local:
                 check_interpreter(str(cfg.launch.python or ""))
@@ -83,8 +97,28 @@ def plan_jobs(sweeper: Any, arguments: list[str]) -> list[PlannedJob]:
         except (ValueError, HydraException) as err:
             where = " ".join(overrides) or "(defaults)"
             exit_bad_input(f"{error_line(err)} (in job: {where})")
-        jobs.setdefault(tag, PlannedJob(list(overrides), tag, world_size, cfg, fit))
-    return list(jobs.values())
+        backend = job_backend(cfg, world_size) if local else ""
+        jobs.setdefault(tag, PlannedJob(list(overrides), tag, world_size, cfg, fit, backend))
+    planned = list(jobs.values())
+    if not dry_run and all(j.fit for j in planned):  # nothing would run: bad input, as one job's refusal
+        where = " ".join(planned[0].overrides) or "(defaults)"
+        exit_bad_input(f"{planned[0].fit} (in job: {where})")
+    return planned
+
+
+def print_unfit(jobs: list[PlannedJob]) -> None:
+    """Before a run: the jobs it skips, each with why; and the jobs ``backend=auto`` puts on the
+    CPU of a machine with GPUs."""
+    skipped = [j for j in jobs if j.fit]
+    if skipped:
+        print(f"sweepbench: skipping {len(skipped)} of {len(jobs)} jobs, they do not fit where they would run "
+              f"(sweep.on_unfit=refuse refuses the sweep instead):", flush=True)
+        for job in skipped:
+            print(f"  {job.tag}: {job.fit}", flush=True)
+    fallback = [(j, note) for j in jobs if not j.fit and (note := cpu_fallback_note(j.cfg, j.world_size))]
+    if fallback:
+        more = f" (and {len(fallback) - 1} more jobs)" if len(fallback) > 1 else ""
+        print(f"sweepbench: {fallback[0][0].tag}{more}: {fallback[0][1]}", flush=True)
 
 
 def _save_sweep_config(sweeper: Any, sweep_dir: Path) -> None:
@@ -106,13 +140,15 @@ def run_sweep(sweeper: Any, arguments: list[str]) -> list[Any]:
         check_repeats(opts.repeats)
     except ValueError as err:
         exit_bad_input(str(err))
+    if opts.on_unfit not in ON_UNFIT:
+        exit_bad_input(f"sweep.on_unfit={opts.on_unfit!r} is not valid; choose one of {', '.join(ON_UNFIT)}")
     jobs = plan_jobs(sweeper, arguments)
     sweep_dir = Path(sweeper.config.hydra.sweep.dir)
     if opts.dry_run:
         print_plan(jobs, sweep_dir=sweep_dir, hydra_overrides=list(sweeper.config.hydra.overrides.hydra))
         describe = getattr(sweeper.launcher, "describe", None)  # e.g. the SLURM request of each job
         if callable(describe):
-            describe([j.launch_overrides for j in jobs])
+            describe([j.launch_overrides for j in jobs if not j.fit])
         return []
     check_writable(sweep_dir, exit_bad_input)
     with SweepLock(sweep_dir, exit_bad_input):
@@ -151,6 +187,9 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
     from sweepbench.sweep.report import print_summary
 
     _save_sweep_config(sweeper, sweep_dir)
+    print_unfit(jobs)
+    skipped = {j.tag: j.fit for j in jobs if j.fit}
+    every, jobs = jobs, [j for j in jobs if not j.fit]
     repeats = int(sweeper.config.sweep.repeats)
     done, why = resume.resume_plan(sweep_dir, jobs, force=sweeper.config.sweep.force, repeats=repeats)
     line = resume.describe(done, why, repeats=repeats)
@@ -161,7 +200,7 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
     resumed = {j.tag for j in jobs if not any((j.tag, r) in why for r in rounds.rounds_of(repeats))}
     resume.retire_old_metrics(sweep_dir, todo)
     restore = interrupt.install() if runs_locally(sweeper) else (lambda: None)
-    status.begin([status.unit_label(tag, r) for tag, r in todo])
+    progress = status.begin([status.unit_label(tag, r) for tag, r in todo])
     crashed: dict[rounds.Unit, str] = {}
     returns: list[Any] = []
     stopped_by: int | None = None
@@ -182,7 +221,15 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
         except OSError as err:
             print(f"sweepbench: the jobs' records of their rounds were not combined: {err}", file=sys.stderr)
     first_crash = {tag: msg for (tag, _), msg in reversed(list(crashed.items()))}
-    table = aggregate_sweep(sweep_dir, jobs, resumed=resumed, crashed=first_crash)
+    not_run: dict[str, str] = {}
+    if stopped_by is not None:  # the units this run never started: not run, never "failed"
+        unstarted = {tag for tag, r in todo if status.unit_label(tag, r) not in progress.started}
+        not_run = {tag: f"not started: the sweep was stopped by {signal.Signals(stopped_by).name} first"
+                   for tag in unstarted}
+        for tag in unstarted:
+            forget_unstarted(sweep_dir / tag)
+    table = aggregate_sweep(sweep_dir, every, resumed=resumed, crashed=first_crash, skipped=skipped,
+                            not_run=not_run)
     print_summary(table, sweep_dir=sweep_dir)
     print_measuring_fraction(table)
     try:  # the HTML report (sweepbench.report): a failure to write it never fails the sweep
@@ -199,12 +246,24 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
               f"resume with: {_resume_command(sweep_dir)}", file=sys.stderr)
         sys.exit(128 + stopped_by)
     grid = table[table["this_run"] | table["resumed"]]  # jobs of earlier grids do not decide the exit code
-    failed = grid[grid["status"] != "ok"]
+    failed = grid[~grid["status"].isin(["ok", "skipped"])]
     if len(failed):
         print(f"sweepbench: {len(failed)} of {len(grid)} jobs did not finish ok "
               f"({table.attrs.get('not_written') or 'see ' + str(sweep_dir / 'results.csv')})", file=sys.stderr)
         sys.exit(1)
+    if skipped:
+        print(f"sweepbench: {len(skipped)} of {len(grid)} jobs skipped (they do not fit where they would run; "
+              f"see {sweep_dir / 'results.csv'}); every job that ran finished ok", file=sys.stderr)
+        sys.exit(EXIT_SKIPPED)
     return [returns]
+
+
+def forget_unstarted(job_dir: Path) -> None:
+    """A job that never started may still have a directory: Hydra makes it (its .hydra/ and the
+    job's log) before the job's own stop check. Holding nothing of a run, it goes."""
+    hydra_only = {".hydra", "sweepbench.log"}
+    if job_dir.is_dir() and {p.name for p in job_dir.iterdir()} <= hydra_only:
+        shutil.rmtree(job_dir, ignore_errors=True)
 
 
 def print_measuring_fraction(table: Any) -> None:

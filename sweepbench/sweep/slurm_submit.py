@@ -19,7 +19,7 @@ from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from omegaconf import DictConfig, open_dict
 
 from sweepbench.core import JobOutcome
-from sweepbench.launch.preflight import validate
+from sweepbench.launch.preflight import cluster_note, validate
 from sweepbench.launch.rank_errors import first_raised
 from sweepbench.launch.slurm import TASKS_ARE_RANKS, start_rank_log
 from sweepbench.launch.slurm_request import SlurmRequest, executor_init, executor_parameters, job_request
@@ -100,8 +100,11 @@ def plan_job(launcher: Any, overrides: Sequence[str], num: int) -> JobSpec:
     cfg = copy.deepcopy(full)
     with open_dict(cfg):
         del cfg["hydra"]
-    world_size = validate(cfg)
+    world_size = validate(cfg, here=False)  # checked against the cluster's request, not this host
     request = job_request(cfg, world_size, launcher.params)
+    unfit = cluster_note(cfg, request.gpus_per_node)
+    if unfit:
+        raise ValueError(unfit)
     return JobSpec(list(overrides), num, cfg, make_tag(cfg, world_size=world_size), world_size, job_dir, request)
 
 

@@ -4,7 +4,8 @@ torch's allocator: peak active / allocated / reserved bytes, allocator retries (
 after freeing its cache) and OOMs. NVML: the device's used memory, sampled by a thread every few
 milliseconds while the steps run; reported as the peak minus the level the job started at (what
 the job itself added: CUDA context, NCCL buffers and allocator cache included). On a CPU neither
-exists: both are None, and the host's peak RSS is reported instead."""
+exists: both are None, and the host's peak RSS is reported instead, with the peak of the
+process's anonymous memory above the job's start (``HostSampler``: the job's own tensors)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,53 @@ class NvmlSampler:
             self._thread = None
 
     def peak_above_start(self) -> int | None:
+        if self.peak is None or self.start_level is None:
+            return None
+        return self.peak - self.start_level
+
+
+def anon_rss_bytes() -> int | None:
+    """The process's anonymous resident memory (its heap: tensors, not the libraries' code pages
+    that the first use of each kernel maps in); None where /proc says nothing of it."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+class HostSampler:
+    """On a CPU: the process's anonymous memory, sampled by a thread every ``period_s`` from
+    ``start()`` to ``stop()``; ``peak_above_start()`` is what the job added at its peak (bytes or
+    None on a GPU, where the allocator's and NVML's numbers say it)."""
+
+    def __init__(self, device: torch.device, *, period_s: float = 0.005) -> None:
+        self.on = device.type == "cpu" and anon_rss_bytes() is not None
+        self.period_s = period_s
+        self.start_level = anon_rss_bytes() if self.on else None
+        self.peak = self.start_level
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if self.on:
+            self._thread = threading.Thread(target=self._loop, daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            used = anon_rss_bytes()
+            if used is not None and self.peak is not None and used > self.peak:
+                self.peak = used
+            self._stop.wait(self.period_s)
+
+    def stop(self) -> int | None:
+        """Stop sampling; the peak above the start (bytes), or None."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
         if self.peak is None or self.start_level is None:
             return None
         return self.peak - self.start_level

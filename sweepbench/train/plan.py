@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sweepbench.train.shape import Shape
+from sweepbench.train.shape import Shape, bytes_per_param
 
 AC_MODES = ("none", "selective", "full")
 PRECISIONS = ("auto", "fp32", "bf16", "mixed")  # auto: fp32 for a float32 model, bf16 otherwise
@@ -71,6 +71,69 @@ def build_plan(cfg: Any) -> TrainPlan:
                      micro_batch=int(b.micro_batch), global_batch=int(b.global_batch) or default_batch,
                      precision=resolve_precision(str(b.precision), str(cfg.model.dtype)),
                      stages_per_rank=PP_SCHEDULES.get(str(b.pp_schedule), 1) if pp > 1 else 1)
+
+
+# bytes of saved activations per token, hidden unit and layer of one micro-batch: about 34 without
+# checkpointing (Korthikanti et al.); full checkpointing keeps each layer's input (2 bytes, bf16)
+# and one layer's worth while it recomputes
+ACT_BYTES = {"none": 34, "selective": 18, "full": 2}
+FIT_FRACTION = 0.7  # the single-device reference runs at full depth where it fits this share of a GPU
+# what a rank holds whatever its model: its process group, threads and allocator (a tiny model's
+# CPU rank adds about 48 MiB of anonymous memory at its peak, measured by train.memory.HostSampler)
+RANK_RUNTIME_BYTES = 64 << 20
+
+
+def reference_bytes(shape: Shape, plan: TrainPlan, *, lora_rank: int) -> int:
+    """Weights, gradients and AdamW states of the whole model on one device, plus activations of
+    one micro-batch (about 34 bytes per token and hidden unit per layer without checkpointing,
+    Korthikanti et al.) and its fp32 logits and their gradient."""
+    trainable = shape.num_layers * shape.lora_params(lora_rank) if lora_rank else shape.num_params()
+    frozen = shape.num_params(lora_rank=lora_rank) - trainable
+    states = (trainable * bytes_per_param(plan.precision, trainable=True)
+              + frozen * bytes_per_param(plan.precision, trainable=False))
+    tokens = plan.micro_batch * plan.seq_len
+    return states + tokens * (34 * shape.num_layers * shape.hidden_size + 8 * shape.vocab_size)
+
+
+def layout_bytes(shape: Shape, plan: TrainPlan, *, lora_rank: int, dp_shard: str, ac: str) -> int:
+    """One rank of the layout: its share of the weights, gradients and AdamW states (tp and pp
+    split the model; FSDP also splits it over dp and cp, DDP holds the whole of its tp/pp part on
+    every dp rank), plus its activations: its micro-batch's tokens (split by cp), its layers (split
+    by pp; a pipeline stage holds up to pp micro-batches at once), split by tp; and its logits.
+    DDP's gradient buckets are a second copy of the gradients."""
+    trainable = shape.num_layers * shape.lora_params(lora_rank) if lora_rank else shape.num_params()
+    frozen = shape.num_params(lora_rank=lora_rank) - trainable
+    states = (trainable * bytes_per_param(plan.precision, trainable=True)
+              + frozen * bytes_per_param(plan.precision, trainable=False))
+    split = plan.tp * plan.pp * (plan.dp * plan.cp if dp_shard == "fsdp" else 1)
+    if dp_shard == "ddp":  # DDP's buckets: a second copy of the gradients
+        states += trainable * (2 if plan.precision == "bf16" else 4)
+    tokens = plan.micro_batch * plan.seq_len // plan.cp
+    in_flight = min(plan.pp, plan.num_micro) if plan.pp > 1 else 1
+    layers = shape.num_layers // plan.pp
+    acts = tokens * in_flight * ACT_BYTES.get(ac, 34) * layers * shape.hidden_size // plan.tp
+    if ac == "full":
+        acts += tokens * 34 * shape.hidden_size // plan.tp  # the layer being recomputed
+    return states // split + acts + tokens * 8 * shape.vocab_size // plan.tp
+
+
+def rank_bytes(cfg: Any, *, device_bytes: int | None = None) -> int:
+    """Peak memory of one rank of a train job: its runtime plus the larger of the single-device
+    reference it runs first (then frees) and its share of the layout. The reference runs at full depth on a CPU, and
+    on a GPU (``device_bytes``) where it fits ``FIT_FRACTION`` of it, else at 2 layers (a
+    multiple of the pipeline's stages)."""
+    plan, shape = build_plan(cfg), Shape.of(cfg.model)
+    b = cfg.benchmark
+    lora = int(b.lora_rank)
+    single = TrainPlan(tp=1, pp=1, dp=1, cp=1, seq_len=plan.seq_len, micro_batch=plan.micro_batch,
+                       global_batch=plan.global_batch, precision=plan.precision, stages_per_rank=1)
+    depth = int(b.verify_layers) or shape.num_layers
+    if not int(b.verify_layers) and device_bytes and reference_bytes(shape, single, lora_rank=lora) > \
+            FIT_FRACTION * device_bytes:
+        depth = plan.num_stages * -(-2 // plan.num_stages)
+    reference = reference_bytes(Shape.of(cfg.model, num_layers=depth), single, lora_rank=lora)
+    layout = layout_bytes(shape, plan, lora_rank=lora, dp_shard=str(b.dp_shard), ac=str(b.ac))
+    return RANK_RUNTIME_BYTES + max(reference, layout)
 
 
 def _choice(key: str, value: Any, valid: Any) -> None:

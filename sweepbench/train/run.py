@@ -17,7 +17,7 @@ from sweepbench.measure.progress import case_done
 from sweepbench.train.context import ContextParallel, build_context_parallel
 from sweepbench.train.data import SyntheticTask
 from sweepbench.train.flops import bf16_peak, matmul_ceiling
-from sweepbench.train.memory import GIB, NvmlSampler, current_bytes, host_peak_rss, reset_torch_peaks, torch_memory
+from sweepbench.train.memory import GIB, HostSampler, NvmlSampler, current_bytes, host_peak_rss, reset_torch_peaks, torch_memory
 from sweepbench.train.plan import TrainPlan, build_plan
 from sweepbench.train.profile import profile_window, write_scalars
 from sweepbench.train.shape import Shape, flops_per_token
@@ -63,6 +63,7 @@ def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | N
     plan, opts = build_plan(cfg), options_of(b)
     shape = Shape.of(cfg.model)
     nvml = NvmlSampler(device)  # the starting level, before the job allocates anything
+    host = HostSampler(device)  # on a CPU: the anonymous memory the job adds, from here on
     ceiling = matmul_ceiling(device, DTYPES[plan.precision])
     mesh = build_mesh(plan, device)
     cp = build_context_parallel(plan, mesh, opts, device=device)
@@ -111,7 +112,8 @@ def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | N
     losses += global_losses(local, holds_loss=trainer.holds_loss)
     first_loss, last_loss = check_learning(losses)
     memory = {**torch_memory(device), "nvml_peak_bytes": nvml.peak_above_start(),
-              "nvml_start_bytes": nvml.start_level, "host_peak_rss_bytes": host_peak_rss()}
+              "nvml_start_bytes": nvml.start_level, "host_peak_rss_bytes": host_peak_rss(),
+              "host_peak_anon_bytes": host.stop()}
 
     # derived rates
     tokens_per_s = plan.tokens_per_step / stats["median_s"]

@@ -11,6 +11,7 @@ down is broken."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
 from typing import Callable
 
@@ -18,27 +19,14 @@ import torch
 import torch.distributed as dist
 
 from sweepbench.core import VerificationError
-from sweepbench.train.plan import TrainPlan
-from sweepbench.train.shape import Shape, bytes_per_param
+from sweepbench.train.plan import FIT_FRACTION, TrainPlan, reference_bytes
+from sweepbench.train.shape import Shape
 
 # relative tolerance of each verified step's loss against the reference
 LOSS_RTOL = {"fp32": 1e-4, "bf16": 2e-2, "mixed": 1e-2}
 # the last timed losses must be below the first step's by more than float noise: every batch of the
 # task holds nearly the same tokens (the sequences walk one short cycle), so any real drop counts
 MIN_DROP = 1e-4
-FIT_FRACTION = 0.7  # the reference must fit in this share of one device's memory
-
-
-def reference_bytes(shape: Shape, plan: TrainPlan, *, lora_rank: int) -> int:
-    """Weights, gradients and AdamW states of the whole model on one device, plus activations of
-    one micro-batch (about 34 bytes per token and hidden unit per layer without checkpointing,
-    Korthikanti et al.) and its fp32 logits and their gradient."""
-    trainable = shape.num_layers * shape.lora_params(lora_rank) if lora_rank else shape.num_params()
-    frozen = shape.num_params(lora_rank=lora_rank) - trainable
-    states = (trainable * bytes_per_param(plan.precision, trainable=True)
-              + frozen * bytes_per_param(plan.precision, trainable=False))
-    tokens = plan.micro_batch * plan.seq_len
-    return states + tokens * (34 * shape.num_layers * shape.hidden_size + 8 * shape.vocab_size)
 
 
 def verify_depth(shape: Shape, plan: TrainPlan, *, device: torch.device, lora_rank: int, forced: int) -> int:
@@ -65,9 +53,16 @@ def global_losses(local: list[torch.Tensor], *, holds_loss: bool) -> list[float]
 
 
 def free_memory() -> None:
+    """Hand what was freed back: the GPU allocator's cache, and on the host glibc's free heap
+    (freed tensors of a few MB stay in the process otherwise, so the reference's memory would
+    add to the layout's instead of making room for it)."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the memory stays with the process
+        pass
 
 
 def check_losses(reference: list[float], got: list[float], *, precision: str) -> float:

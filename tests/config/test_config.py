@@ -222,7 +222,9 @@ CLI_ERRORS = {
                      "(valid: attention, collective, refit, reshard, train)"]),
 }
 if visible_gpus() == 0:
-    CLI_ERRORS["nccl-no-gpu"] = ([COLLECTIVE, "backend=gloo,nccl", "parallelism=tp1"], ["backend=nccl needs a GPU"])
+    # a GPU job among CPU jobs is skipped (tests/harness/test_where_it_runs.py); refusing is the switch's
+    CLI_ERRORS["nccl-no-gpu"] = ([COLLECTIVE, "backend=gloo,nccl", "parallelism=tp1", "sweep.on_unfit=refuse"],
+                                 ["backend=nccl needs a GPU"])
 
 
 @pytest.mark.parametrize("case", sorted(CLI_ERRORS))

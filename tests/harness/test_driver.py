@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import TINY, base_env, processes_with_env, run_sweepbench
+from ..conftest import TERMINAL, TINY, base_env, processes_with_env, run_sweepbench
 
 ONE = [*TINY, "parallelism=tp2"]
 
@@ -121,7 +121,7 @@ def test_resume_checks_what_it_trusts_and_results_cover_the_directory(tmp_path: 
     assert "0 job(s) already ok, skipped; 2 to run" in resume_line
     assert "its metrics.json is unreadable" in resume_line and "its recorded config does not match its tag" in resume_line
     other = run_sweepbench([*TINY, "parallelism=tp1", "benchmark.iters=4"], sweep_dir=sweep_dir,
-                           env=base_env(COLUMNS="100"))
+                           env=base_env(COLUMNS="100", **TERMINAL))
     assert other.rc == 0, other.describe()
     # progress: job i of N with the elapsed time and an estimate; informative rank logs on success
     assert re.search(r"^\[1/1\] collective-torch_\S+: 1 ranks starting \(sweep \d+:\d\d elapsed, no estimate yet\)$",

@@ -47,15 +47,15 @@ def test_timeout_must_be_finite(compose) -> None:
 
 
 def _dry_run_listing(stdout: str) -> dict[str, str]:
-    """tag -> its fit line ("yes" or "no: why") from a dry run's per-job list."""
+    """tag -> its fit ("yes" or "no: why") from a dry run's lines (not a terminal: one per job)."""
     lines = stdout.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.endswith("jobs; each alone:"))
-    listing, tag = {}, None
+    start = next(i for i, line in enumerate(lines) if line.endswith("jobs, one per line:"))
+    listing = {}
     for line in lines[start + 1:]:
-        if line.startswith("  ") and not line.startswith("    "):
-            tag = line.strip()
-        elif line.startswith("    fits here: "):
-            listing[tag] = line.removeprefix("    fits here: ")
+        if not line.startswith("  "):
+            break
+        tag, _, rest = line.strip().partition(": ")
+        listing[tag] = rest.rpartition("; alone: ")[0].partition("fits here: ")[2]
     return listing
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from ..conftest import SweepRun, base_env, run_sweepbench
+from ..conftest import TERMINAL, SweepRun, base_env, run_sweepbench
 
 # one rank, many short iterations (as compare's sweeps): the least noisy timing on a busy 2-core box
 SLOW = ["benchmark=refit", "model=tiny", "parallelism=tp1", "benchmark.inference=tp1", "benchmark.iters=60",
@@ -32,7 +32,7 @@ def answer_sweeps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SweepRu
     root = tmp_path_factory.mktemp("answer_sweeps")
     runs = {
         "slow": run_sweepbench(SLOW, sweep_dir=root / "slow", cwd=root,
-                               env=base_env(COLUMNS=str(TERMINAL_COLUMNS))),
+                               env=base_env(COLUMNS=str(TERMINAL_COLUMNS), **TERMINAL)),
         "attention": run_sweepbench(ATTENTION, sweep_dir=root / "attention", cwd=root, timeout=300),
         "train": run_sweepbench(TRAIN, sweep_dir=root / "train", cwd=root, timeout=300),
     }

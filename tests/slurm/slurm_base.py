@@ -13,6 +13,11 @@ CLUSTER_NAME = "sweepbench"
 PARTITION = "debug"
 ACCOUNT = "sweepbench"
 CPUS = 16
+# the node's GPUs as SLURM sees them (a generic resource; there are no devices), and the feature
+# and partition of docs/slurm_example/hydra/launcher/my_cluster.yaml
+GRES_GPUS = 8
+GPU_FEATURE = "h100"
+GPU_PARTITION = "gpu"
 REAL_MEMORY_MB = 16000
 
 # TCP ports are picked free at start (ports.py) and kept in <state dir>/ports.json.

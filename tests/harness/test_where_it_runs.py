@@ -1,0 +1,248 @@
+"""Where users run it: a machine with fewer GPUs than a job's ranks (faked through NVML, the only
+part that says how many GPUs there are), jobs that do not fit (skipped, listed up front, exit 3),
+output that is not a terminal (plain lines, every number whole), and train memory estimates
+against the peaks CPU runs measure."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from ..conftest import TERMINAL, TINY, SweepRun, base_env, run_sweepbench
+
+FAKE_NVML = '''"""NVML of a machine with SWEEPBENCH_FAKE_GPUS GPUs of 80 GiB each (a test's stand-in)."""
+import os
+
+_GPUS = int(os.environ.get("SWEEPBENCH_FAKE_GPUS", "0"))
+
+
+class _Memory:
+    total = 80 << 30
+    used = 0
+    free = total
+
+
+def nvmlInit():
+    pass
+
+
+def nvmlShutdown():
+    pass
+
+
+def nvmlDeviceGetCount():
+    return _GPUS
+
+
+def nvmlDeviceGetHandleByIndex(index):
+    if not 0 <= index < _GPUS:
+        raise RuntimeError(f"no GPU {index}")
+    return index
+
+
+def nvmlDeviceGetMemoryInfo(handle):
+    return _Memory()
+
+
+def nvmlDeviceGetName(handle):
+    return "fake GPU"
+
+
+def nvmlSystemGetDriverVersion():
+    return "0"
+'''
+SKIP_GRID = [*TINY, "parallelism=tp1,tp2,tp4", "benchmark.max_bytes=1024,4096", "launch.max_local_ranks=2"]
+
+
+def with_gpus(root: Path, count: int, **extra: str) -> dict[str, str]:
+    """The environment of a sweep on a machine whose NVML reports ``count`` GPUs."""
+    folder = root / "fake_nvml"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pynvml.py").write_text(FAKE_NVML)
+    path = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH", "")]))
+    return base_env(PYTHONPATH=path, SWEEPBENCH_FAKE_GPUS=str(count), **extra)
+
+
+def test_main_command_on_one_gpu_runs_on_the_cpu_and_says_so(tmp_path: Path) -> None:
+    """``python -m sweepbench`` (refit tp2 -> tp1, 2 ranks) where one GPU is visible: gloo on the CPU,
+    one line saying so and how to require GPUs, exit 0; the backend used is in results.csv."""
+    run = run_sweepbench([], sweep_dir=tmp_path / "sweep", multirun=False, env=with_gpus(tmp_path, 1))
+    assert run.rc == 0, run.describe()
+    notes = [line for line in run.stdout.splitlines() if "backend=auto:" in line]
+    assert len(notes) == 1 and "2 ranks per node, 1 GPU visible: running on the CPU with gloo" in notes[0] \
+        and "backend=nccl" in notes[0], run.stdout[-2000:]
+    (row,) = run.results().to_dict("records")
+    assert row["status"] == "ok" and row["backend"] == "gloo"
+    (metrics,) = run.all_metrics().values()
+    assert metrics["backend"] == "gloo" and metrics["config"]["backend"]["name"] == "auto"
+
+
+def test_backend_nccl_keeps_refusing_a_machine_without_its_gpus(tmp_path: Path) -> None:
+    run = run_sweepbench(["backend=nccl"], sweep_dir=tmp_path / "sweep", multirun=False, env=with_gpus(tmp_path, 1))
+    assert run.rc == 2, run.describe()
+    (line,) = run.stderr.strip().splitlines()
+    assert "2 ranks per node need 2 GPUs, but 1 are visible" in line
+    assert not run.sweep_dir.exists()
+
+
+def _dry_lines(stdout: str) -> dict[str, str]:
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.endswith("jobs, one per line:"))
+    out = {}
+    for line in lines[start + 1:]:
+        if not line.startswith("  "):
+            break
+        tag, _, rest = line.strip().partition(": ")
+        out[tag] = rest
+    return out
+
+
+@pytest.mark.parametrize("backend", ["nccl", "auto"])
+def test_layouts_up_to_what_the_box_holds(tmp_path: Path, backend: str) -> None:
+    """``-m parallelism=tp2,tp4`` on a 2-GPU machine, planned: tp2 fits its GPUs; tp4 does not fit
+    with backend=nccl (a run skips it), and backend=auto runs it on the CPU."""
+    run = run_sweepbench(["parallelism=tp2,tp4", f"backend={backend}", "sweep.dry_run=true"],
+                         sweep_dir=tmp_path / "sweep", env=with_gpus(tmp_path, 2, COLUMNS="80"))
+    assert run.rc == 0, run.describe()
+    lines = _dry_lines(run.stdout)
+    (tp2,) = [v for k, v in lines.items() if "_tp2_" in k]
+    (tp4,) = [v for k, v in lines.items() if "_tp4_" in k]
+    if backend == "nccl":
+        assert "backend nccl, fits here: yes;" in tp2
+        assert "fits here: no: 4 ranks per node need 4 GPUs, but 2 are visible" in tp4
+        assert "1 of 2 jobs would not run from this machine" in run.stdout
+    else:
+        assert "backend auto -> nccl, fits here: yes;" in tp2 and "backend auto -> gloo, fits here: yes;" in tp4
+    assert not run.sweep_dir.exists()
+
+
+# ---------------------------------------------------------------- a sweep whose jobs do not all fit
+
+
+@pytest.fixture(scope="module")
+def skip_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[SweepRun, SweepRun]:
+    """The grid once piped at 80 columns (tp4 does not fit: 2 local ranks at most), then resumed
+    with rich drawing as on an 80-column terminal (nothing runs again)."""
+    root = tmp_path_factory.mktemp("skip_sweep")
+    first = run_sweepbench(SKIP_GRID, sweep_dir=root / "sweep", cwd=root, env=base_env(COLUMNS="80"))
+    again = run_sweepbench(SKIP_GRID, sweep_dir=root / "sweep", cwd=root, env=base_env(COLUMNS="80", **TERMINAL))
+    return first, again
+
+
+def test_unfit_jobs_are_skipped_listed_first_and_exit_3(skip_sweep: tuple[SweepRun, SweepRun]) -> None:
+    run, _ = skip_sweep
+    assert run.rc == 3, run.describe()
+    out = run.stdout.splitlines()
+    head = out.index("sweepbench: skipping 2 of 6 jobs, they do not fit where they would run "
+                     "(sweep.on_unfit=refuse refuses the sweep instead):")
+    first_job = next(i for i, line in enumerate(out) if re.match(r"^\[1/4\] ", line))
+    listed = out[head + 1:head + 3]
+    assert head < first_job and all("_tp4_" in line and "set launch.max_local_ranks=4" in line for line in listed)
+    table = run.results()
+    assert sorted(table["status"]) == ["ok"] * 4 + ["skipped"] * 2
+    skipped = table[table["status"] == "skipped"]
+    assert (skipped["parallelism"] == "tp4").all() and (skipped["world_size"] == 4).all()
+    assert skipped["error"].str.contains("at most 2 local ranks").all()
+    assert "2 of 6 jobs skipped" in run.stderr and "did not finish ok" not in run.stderr
+    assert not any((run.sweep_dir / tag).exists() for tag in skipped["tag"])  # nothing written for them
+    from sweepbench.report.load import load_sweep
+
+    loaded = {j["tag"]: j["status"] for j in load_sweep(run.sweep_dir).jobs}
+    assert sorted(loaded.values()) == ["ok"] * 4 + ["skipped"] * 2
+
+
+def test_refuse_switch_keeps_the_whole_sweep_out(tmp_path: Path) -> None:
+    run = run_sweepbench([*SKIP_GRID, "sweep.on_unfit=refuse"], sweep_dir=tmp_path / "sweep")
+    assert run.rc == 2, run.describe()
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith("sweepbench: error: world_size=4 is far beyond") and "sweep.on_unfit=refuse" in line
+    assert not run.sweep_dir.exists()
+    bad = run_sweepbench([*SKIP_GRID, "sweep.on_unfit=maybe"], sweep_dir=tmp_path / "sweep2")
+    assert bad.rc == 2 and bad.stderr.strip() == ("sweepbench: error: sweep.on_unfit='maybe' is not valid; "
+                                                  "choose one of skip, refuse"), bad.describe()
+
+
+def _size(run: SweepRun, tag: str) -> str:
+    return {1024: "1 KiB", 4096: "4 KiB"}[run.metrics(tag)["config"]["benchmark"]["max_bytes"]]
+
+
+def test_piped_summary_has_every_number_whole(skip_sweep: tuple[SweepRun, SweepRun]) -> None:
+    """Not a terminal: one line per job, tag, status, every headline number with its label; each
+    number is results.csv's, whole (4 significant digits)."""
+    run, _ = skip_sweep
+    table = run.results().set_index("tag")
+    lines = {line.strip().split(":")[0]: line for line in run.stdout.splitlines()
+             if line.startswith("  collective-")}
+    assert set(lines) == set(table.index)
+    for tag, line in lines.items():
+        row = table.loc[tag]
+        if row["status"] != "ok":
+            assert f"{tag}: skipped, 4 ranks: world_size=4" in line
+            continue
+        size = _size(run, tag)
+        for key, unit in (("all_reduce_busbw_gbps", f"all_reduce busbw GB/s @{size} "),
+                          ("all_reduce_median_s", f"all_reduce median s @{size} ")):
+            value = row[key]
+            shown = "0" if value == 0 else f"{value:.4g}"
+            assert unit + shown in line, (key, line)
+
+
+def test_terminal_summary_cuts_no_number_and_labels_hold(skip_sweep: tuple[SweepRun, SweepRun]) -> None:
+    """An 80-column terminal: the summary table's numbers are whole, and where the jobs' sizes
+    differ (1 KiB, 4 KiB) no column claims one size for every row: each cell says its own."""
+    _, run = skip_sweep
+    assert run.rc == 3, run.describe()
+    lines = run.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines if line[:1] in "┏┃│┡└")
+    header = "\n".join(line for line in lines if line.startswith("┃"))
+    assert "@1 KiB" not in header and "@4 KiB" not in header
+    rows: list[tuple[str, str]] = []  # (tag, the row's first line): a tag folds over the row's lines
+    for line in lines:
+        if line.startswith("│ collective-"):
+            rows.append((line.split("│")[1].strip(), line))
+        elif line.startswith("│") and rows and "ok" not in line and "skipped" not in line:
+            rows[-1] = (rows[-1][0] + line.split("│")[1].strip(), rows[-1][1])
+        elif line.startswith("└"):
+            break
+    table = run.results().set_index("tag")
+    assert sorted(tag for tag, _ in rows) == sorted(table.index)
+    for tag, line in rows:
+        row = table.loc[tag]
+        if row["status"] != "ok":
+            continue
+        value = row["all_reduce_busbw_gbps"]
+        assert f"{'0' if value == 0 else format(value, '.4g')} @{_size(run, tag)}" in line, line
+
+
+# ---------------------------------------------------------------- train memory estimates against CPU peaks
+
+MEMORY_GRID = ["benchmark=train", "model=tiny", "backend=gloo", "parallelism=dp2", "benchmark.dp_shard=ddp,fsdp",
+               "model.num_layers=2", "model.hidden_size=512", "model.ffn_hidden_size=2048", "model.vocab_size=32000",
+               "benchmark.seq_len=32", "benchmark.warmup=0", "benchmark.iters=2", "benchmark.verify_steps=1",
+               "wandb.mode=disabled"]
+
+
+def test_train_memory_estimate_within_30_percent_of_the_cpu_peak(tmp_path: Path) -> None:
+    """A 41M-parameter model (AdamW states of ~600 MiB) on 2 CPU ranks, DDP (the whole model per
+    rank, and its gradient buckets) and FSDP (half each, after the whole single-device reference):
+    each rank's peak anonymous memory against the estimate the fit check uses."""
+    from sweepbench.benchmarks.train import TrainBenchmark
+    from sweepbench.train.plan import layout_bytes, build_plan
+    from sweepbench.train.shape import Shape
+
+    run = run_sweepbench(MEMORY_GRID, sweep_dir=tmp_path / "sweep", timeout=300)
+    assert run.rc == 0, run.describe()
+    seen = {}
+    for metrics in run.all_metrics().values():
+        cfg = OmegaConf.create(metrics["config"])
+        estimate = TrainBenchmark.memory_bytes(cfg, metrics["world_size"])
+        peaks = [r["host_peak_anon_bytes"] for r in metrics["results"]["memory_per_rank"]]
+        assert len(peaks) == 2 and all(0.7 * estimate <= p <= 1.3 * estimate for p in peaks), (estimate, peaks)
+        plan, shape = build_plan(cfg), Shape.of(cfg.model)
+        seen[cfg.benchmark.dp_shard] = layout_bytes(shape, plan, lora_rank=0, dp_shard=cfg.benchmark.dp_shard,
+                                                    ac="none")
+    assert seen["ddp"] > 2 * seen["fsdp"]  # DDP's rank holds the whole model (and a copy of its gradients)
