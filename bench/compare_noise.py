@@ -1,11 +1,13 @@
-"""False alarms and power of ``sweepbench compare`` on the CPU (issue 18, section 2).
+"""False alarms and power of ``sweepbench compare`` on the CPU.
 
 Pair i is three sweeps run one after the other, the same config each time:
   base_i:  benchmark=collective model=tiny backend=gloo parallelism=tp1,tp2 benchmark.iters=30 sweep.repeats=3
   twin_i:  the same again
   slow_i:  the same with fault.kind=slow fault.factor=1.5
-then ``sweepbench compare base_i twin_i`` (target: no `slower`, no `faster`) and
-``sweepbench compare base_i slow_i`` (target: every case `slower`). Writes OUT.json and OUT.md.
+then ``sweepbench compare base_i twin_i --fail-on-regression`` (target: no `slower`, no `faster`)
+and ``sweepbench compare base_i slow_i --fail-on-regression`` (target: `slower`, exit 1). Writes
+OUT.json and OUT.md. ``--grid`` replaces the sweep's overrides; ``--busy N`` keeps N cores busy
+with a load generator (a Python busy loop per core) for the whole run.
 
     PYTHONPATH=$PWD nohup python bench/compare_noise.py --pairs 10 --work /tmp/compare_noise \\
         --out multirun/compare_noise_cpu > /tmp/compare_noise.log 2>&1 &
@@ -36,7 +38,8 @@ def load() -> str:
 
 
 def sweep_args(args: argparse.Namespace, kind: str) -> list[str]:
-    return [*GRID, f"benchmark.iters={args.iters}", f"sweep.repeats={args.repeats}", *(SLOW if kind == "slow" else [])]
+    grid = args.grid.split() if args.grid else GRID
+    return [*grid, f"benchmark.iters={args.iters}", f"sweep.repeats={args.repeats}", *(SLOW if kind == "slow" else [])]
 
 
 def complete(sweep_dir: Path) -> bool:
@@ -64,14 +67,16 @@ def run_sweep(args: argparse.Namespace, sweep_dir: Path, kind: str) -> dict:
 
 
 def compare(base: Path, cand: Path, out: Path) -> dict:
-    argv = [sys.executable, "-m", "sweepbench", "compare", str(base), str(cand), "-o", str(out)]
+    argv = [sys.executable, "-m", "sweepbench", "compare", str(base), str(cand), "-o", str(out), "--fail-on-regression"]
     proc = subprocess.run(argv, capture_output=True, text=True)
-    if proc.returncode != 0:
+    if proc.returncode not in (0, 1, 3, 4):  # the gate's codes: pass, regression, not judged, undecided
         return {"rc": proc.returncode, "error": proc.stderr[-2000:]}
     table = pd.read_csv(out / "compare.csv")
     counts = Counter(table["verdict"])
     flagged = table[table["verdict"].isin(["slower", "faster"])]
-    return {"cases": len(table), "counts": dict(counts), "basis": sorted(set(table.get("basis", pd.Series(dtype=str)).dropna())),
+    return {"cases": len(table), "counts": dict(counts), "gate_rc": proc.returncode,
+            "gate": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "",
+            "basis": sorted(set(table.get("basis", pd.Series(dtype=str)).dropna())),
             "ratio_min": float(table["ratio"].min()), "ratio_max": float(table["ratio"].max()),
             "flagged": [f"{r.verdict} {r.candidate_tag} {r.case} ratio {r.ratio:.3f} p {r.p_value:.2g} q {q:.2g}"
                         for r, q in zip(flagged.itertuples(), flagged.get("q_value", pd.Series(float("nan"), flagged.index)))],
@@ -96,16 +101,21 @@ def markdown(summary: dict) -> str:
              f"({summary['power']:.1%}); pairs where the slow sweep is found slower (cases slower, none "
              f"faster): {summary['pairs_slower']} of {summary['pairs']}; pairs with every case slower: "
              f"{summary['pairs_all_slower']} of {summary['pairs']}",
+             f"- twin pairs with no `slower` and no `faster`: {summary.get('twin_pairs_clean')} of {summary['pairs']}",
+             f"- `--fail-on-regression` exit codes (0 pass, 1 regression, 3 not judged, 4 undecided): twin "
+             f"{_codes(summary, 'twin')}; slow {_codes(summary, 'slow')}",
              f"- sweeps' wall time: {summary['sweep_wall_s']:.0f} s in all; load average (1, 5, 15 min) per sweep "
              f"in the JSON, here at the start {summary['load_start']} and end {summary['load_end']} of the last "
-             f"invocation (2 cores, shared with other developers)", "",
-             "| pair | twin verdicts | slow verdicts | twin ratio range | slow ratio range |",
-             "|---|---|---|---|---|"]
+             f"invocation ({summary.get('cpu_count')} cores, {summary.get('busy_cores', 0)} kept busy by a load "
+             f"generator, shared with other work)", "",
+             "| pair | twin verdicts | slow verdicts | twin ratio range | slow ratio range | gate exit twin / slow |",
+             "|---|---|---|---|---|---|"]
     for p in summary["per_pair"]:
         t, s = p["twin"], p["slow"]
         fmt = lambda c: ", ".join(f"{k} {v}" for k, v in sorted(c.get("counts", {}).items()))  # noqa: E731
         lines.append(f"| {p['pair']} | {fmt(t)} | {fmt(s)} | {t.get('ratio_min', 0):.2f}-{t.get('ratio_max', 0):.2f} "
-                     f"| {s.get('ratio_min', 0):.2f}-{s.get('ratio_max', 0):.2f} |")
+                     f"| {s.get('ratio_min', 0):.2f}-{s.get('ratio_max', 0):.2f} "
+                     f"| {t.get('gate_rc', '')} / {s.get('gate_rc', '')} |")
     flagged = [f"- pair {p['pair']}: {f}" for p in summary["per_pair"] for f in p["twin"].get("flagged", [])]
     if flagged:
         lines += ["", "False alarms:", *flagged]
@@ -115,15 +125,32 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _codes(summary: dict, side: str) -> str:
+    codes = summary.get("gate_rcs", {}).get(side, {})
+    return ", ".join(f"{k}: {v} pairs" for k, v in sorted(codes.items(), key=lambda kv: str(kv[0]))) or "none"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--grid", default="", help=f"the sweep's overrides (default: {' '.join(GRID)})")
+    parser.add_argument("--busy", type=int, default=0, help="cores kept busy by a load generator during the run")
     parser.add_argument("--work", type=Path, default=Path("/tmp/compare_noise"), help="where the sweeps go")
     parser.add_argument("--out", type=Path, default=Path("multirun/compare_noise_cpu"),
                         help="OUT.json and OUT.md are written")
     args = parser.parse_args()
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+    try:
+        run_pairs(args)
+    finally:
+        for proc in busy:  # the load generators this run started, by pid
+            proc.kill()
+            proc.wait()
+
+
+def run_pairs(args: argparse.Namespace) -> None:
     tic, load_start = time.monotonic(), load()
     earlier = {}  # a resumed run keeps what the run that made a sweep measured (its wall time, load)
     if Path(f"{args.out}.json").exists():
@@ -159,6 +186,11 @@ def summarize(args: argparse.Namespace, per_pair: list[dict], *, tic: float, loa
         # the slow sweep found slower (some cases slower, none faster)
         "pairs_slower": sum(1 for p in per_pair if p["slow"].get("counts", {}).get("slower", 0)
                             and not p["slow"]["counts"].get("faster", 0)),
+        "twin_pairs_clean": sum(1 for p in per_pair if not any(p["twin"].get("counts", {}).get(v, 0)
+                                                               for v in ("slower", "faster"))),
+        "gate_rcs": {"twin": Counter(p["twin"].get("gate_rc") for p in per_pair),
+                     "slow": Counter(p["slow"].get("gate_rc") for p in per_pair)},
+        "busy_cores": args.busy, "cpu_count": os.cpu_count(),
         "sweep_wall_s": sum(v.get("wall_s", 0) for p in per_pair for v in p["sweeps"].values()),
         "wall_s": time.monotonic() - tic, "load_start": load_start, "load_end": load(), "per_pair": per_pair,
     }

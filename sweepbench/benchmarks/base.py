@@ -83,6 +83,19 @@ class Benchmark(ABC):
         return []
 
     @classmethod
+    def compared(cls, job: dict[str, Any], case: dict[str, Any]) -> bool:
+        """Whether a case of a job (its metrics.json dict) measures something to rank, plot and
+        compare; one that moves no data (a collective on one rank) is left out of all three."""
+        return True
+
+    @classmethod
+    def work_per_step(cls, job: dict[str, Any], case: dict[str, Any]) -> tuple[float, str] | None:
+        """(work one timed iteration does per GPU, its unit), for a benchmark whose jobs do
+        different work per iteration (train: global batches differ between layouts): the ranking
+        then ranks by time per unit of work per GPU and shows the rate. None: ranked by time."""
+        return None
+
+    @classmethod
     def page(cls) -> PageSpec | None:
         """The columns and derived values of this benchmark's current results pages (None: it has none)."""
         return None

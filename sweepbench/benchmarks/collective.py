@@ -112,6 +112,11 @@ class CollectiveBenchmark(Benchmark):
         return 4 * cfg.benchmark.max_bytes
 
     @classmethod
+    def compared(cls, job: dict[str, Any], case: dict[str, Any]) -> bool:
+        """A collective on one rank moves no data: its busbw is a memory copy's, not a link's."""
+        return job.get("world_size") != 1
+
+    @classmethod
     def plots(cls, jobs: list[dict[str, Any]]) -> list[Plot]:
         """busbw over message size, a line per op and world size, against each world size's
         fastest send/recv ring: the link ceiling the job measured itself."""
@@ -125,9 +130,10 @@ class CollectiveBenchmark(Benchmark):
             return job["backend"], case["dtype"], case.get("impl", "torch")
 
         per_ws: dict[int, set[tuple[str, str, str]]] = {}  # jobs of one world size: name what differs
-        for job, case in ok_cases(jobs):
+        moving = [(job, case) for job, case in ok_cases(jobs) if cls.compared(job, case)]
+        for job, case in moving:
             per_ws.setdefault(job["world_size"], set()).add(kind(job, case))
-        for job, case in ok_cases(jobs):
+        for job, case in moving:
             ws, kinds = job["world_size"], per_ws[job["world_size"]]
             which = "".join(f" {v}" for i, v in enumerate(kind(job, case)) if len({k[i] for k in kinds}) > 1)
             series.setdefault(f"{case['op']} ws{ws}{which}", []).append((case["size_bytes"], case["busbw_gbps"]))

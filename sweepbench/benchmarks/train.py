@@ -198,6 +198,12 @@ class TrainBenchmark(Benchmark):
         return BenchmarkResult(cases=[case], summary=summary, verified=True, extra=extra)
 
     @classmethod
+    def work_per_step(cls, job: dict[str, Any], case: dict[str, Any]) -> tuple[float, str] | None:
+        """Tokens per step per GPU: dp2 and pp2 step through more sequences than tp2 or cp2."""
+        tokens, ranks = case.get("tokens_per_step"), job.get("world_size")
+        return (tokens / ranks, "tokens") if isinstance(tokens, (int, float)) and ranks else None
+
+    @classmethod
     def plots(cls, jobs: list[dict[str, Any]]) -> list[Plot]:
         from sweepbench.train.plots import training_plots
 

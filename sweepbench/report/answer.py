@@ -2,6 +2,11 @@
 world size, ...) and per case, the configurations ranked by median per-iteration time, the
 runner-up against the winner, and whether the gap is real by compare's rule (``stats``).
 
+Only ok jobs are ranked (the others are listed apart), only the cases their benchmark compares
+(``Benchmark.compared``: a one-rank collective moves no data), one group per world size, and a
+benchmark whose jobs do different work per iteration (``Benchmark.work_per_step``: train's global
+batches) is ranked by time per unit of work per GPU, shown as a rate.
+
 One place computes it; the report page, the terminal summary and the wandb table show it."""
 
 from __future__ import annotations
@@ -10,8 +15,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from sweepbench.report.axes import Axis, Layout, layout, sortable
+from sweepbench.report.axes import WORLD, Axis, Layout, layout, sortable
 from sweepbench.report.cases import case_identity
+from sweepbench.report.hooks import compared, work_per_step
 from sweepbench.report.units import format_bytes, format_time
 
 COLUMNS = ("benchmark", "group", "case", "rank", "config", "median_s", "ratio", "verdict", "p_value", "tag")
@@ -24,6 +30,12 @@ class Entry:
     median_s: float
     times_s: list[float]
     case: dict[str, Any] | None = None  # the case's record (its rounds, where the sweep ran them)
+    unit: str = ""  # times are per this unit of work per GPU (Benchmark.work_per_step); "": per iteration
+    work: float = 1.0  # units of work per iteration per GPU
+
+    def shown(self) -> str:
+        """``9.91 ms``, or for a rate ``1.2e+04 tokens/s per GPU``."""
+        return f"{1 / self.median_s:.4g} {self.unit}/s per GPU" if self.unit else format_time(self.median_s)
 
 
 @dataclass
@@ -51,11 +63,11 @@ class Ranking:
             return f"{ratio:.2f}x, {self.note or 'undecided'}"
         v = self.verdict
         p = f"p < {self.p_level:g}" if v.p_value < self.p_level else f"p = {v.p_value:.2g}"
-        return f"{ratio:.2f}x, {v.verdict}, {p}"
+        return f"{ratio:.2f}x, {v.verdict}, {p}" + (f" ({v.reason})" if v.reason else "")
 
     def sentence(self) -> str:
         """``seq_len=16384: ulysses 9.91 ms, ring 10.5 ms (1.06x, slower, p < 0.002)``."""
-        shown = ", ".join(f"{e.label} {format_time(e.median_s)}" for e in self.entries[:2])
+        shown = ", ".join(f"{e.label} {e.shown()}" for e in self.entries[:2])
         return f"{self.where}: {shown} ({self.gap()})"
 
     def rows(self) -> list[dict[str, Any]]:
@@ -102,14 +114,15 @@ def _compare(ranking: Ranking, thresholds: Any) -> None:
     if len(ranking.entries) < 2:
         return
     winner, runner = ranking.entries[0], ranking.entries[1]
-    rounds = [case_rounds(e.case or {}) for e in (winner, runner)]
+    rounds = [[r / e.work for r in case_rounds(e.case or {}) or []] for e in (winner, runner)]
     try:
         if all(rounds):
-            ranking.verdict = compare_rounds(rounds[0], rounds[1], thresholds,
-                                             medians=(winner.case["round_medians_s"], runner.case["round_medians_s"]))
+            ranking.verdict = compare_rounds(rounds[0], rounds[1], thresholds, medians=(
+                [r / winner.work for r in winner.case["round_medians_s"]],
+                [r / runner.work for r in runner.case["round_medians_s"]]))
             ranking.p_level = thresholds.rounds_p_value
             if ranking.verdict.verdict == "undecided":
-                ranking.note = f"too few rounds to decide (at least {thresholds.min_rounds} a job)"
+                ranking.note = f"undecided: {ranking.verdict.reason}"
         else:
             ranking.verdict = compare_samples(winner.times_s, runner.times_s, thresholds)
     except ValueError as err:  # fewer than 2 iterations a side
@@ -136,21 +149,28 @@ def answer_benchmark(name: str, jobs: Sequence[dict[str, Any]], *, thresholds: A
     order: dict[tuple[str, str], tuple[Any, ...]] = {}  # by the scales' values, then the cases' order
     keys = _case_keys(ok)
     backends = {str(j.get("backend")) for j in ok}  # a CPU (gloo) job is never ranked against a GPU job
+    # jobs of different world sizes are never ranked together, whether or not the world size is swept
+    per_world = len({j.get("world_size") for j in ok}) > 1 and not any(WORLD in a.keys for a in lay.scales)
     for job in ok:
-        group = ", ".join(f"{a.name}={_show(a.key, a.value(job))}" for a in lay.scales)
+        group = ", ".join([*(f"{a.name}={_show(a.key, a.value(job))}" for a in lay.scales),
+                           *([f"world size={job.get('world_size')}"] if per_world else [])])
         if len(backends) > 1:
             group = ", ".join(filter(None, [group, f"ran on {job.get('backend')}"]))
         for case, key in zip(job["results"].get("cases", []), keys[id(job)]):
             times = [float(t) for t in case.get("times_s") or []]
-            if not times:
+            if not times or not compared(job, case):
                 continue
+            work, unit = work_per_step(job, case) or (1.0, "")
+            times = [t / work for t in times]
             case_label = " ".join(_show(k, v) for k, v in key)
             ranking = groups.setdefault((group, case_label), Ranking(name, group, case_label, [],
                                                                       p_level=thresholds.p_value))
-            order.setdefault((group, case_label), (*(sortable(a.value(job)) for a in lay.scales), len(order)))
-            median = case.get("median_s") or statistics.median(times)
+            order.setdefault((group, case_label), (*(sortable(a.value(job)) for a in lay.scales),
+                                                   *((sortable(job.get("world_size")),) if per_world else ()),
+                                                   len(order)))
+            median = case["median_s"] / work if case.get("median_s") else statistics.median(times)
             entry_label = lay.series_label(job) if lay.series else (group or str(job.get("tag")))
-            ranking.entries.append(Entry(job, entry_label, float(median), times, case))
+            ranking.entries.append(Entry(job, entry_label, float(median), times, case, unit, work))
     for key in sorted(groups, key=order.__getitem__):
         ranking = groups[key]
         ranking.entries.sort(key=lambda e: e.median_s)

@@ -12,7 +12,7 @@ import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 COMMANDS = ("report", "compare")
 
@@ -43,7 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("-o", "--out", type=Path, help="folder for compare.csv and compare.html "
                                                     "(default: the candidate sweep's directory)")
     cmp.add_argument("--fail-on-regression", action="store_true",
-                     help="exit 1 when a case is slower (or a candidate job failed where the baseline's was ok)")
+                     help="exit 1 when a case is slower (or a candidate job failed where the baseline's was ok), "
+                          "3 when a job or case could not be judged, 4 when no case was decided")
     cmp.add_argument("--min-change", type=float, default=d.min_change, help=f"smallest change reported (default {d.min_change})")
     cmp.add_argument("--noise-factor", type=float, default=d.noise_factor,
                      help=f"x the baseline's robust noise, IQR/(1.349 median), in the threshold (default {d.noise_factor})")
@@ -113,20 +114,54 @@ def _compare(args: argparse.Namespace) -> int:
         print(f"{UNREADABLE:>12}  {job['tag']}  {job['error']}")
     for row in comparison.rows:
         if row["verdict"] not in ("unchanged",):
-            ratio = f"{row['ratio']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}] p={row['p_value']:.2g}" \
-                + (f" q={row['q_value']:.2g}" if row.get("q_value") is not None else "") \
-                if row.get("ratio") is not None else row.get("note", "")
-            print(f"{row['verdict']:>12}  {row['candidate_tag']}  {row['case']}  {ratio}")
+            print(f"{row['verdict']:>12}  {row['candidate_tag']}  {row['case']}  {_row_numbers(row)}")
     counts = ", ".join(f"{v}: {n}" for v, n in comparison.counts())
     print(f"sweepbench compare: {len(comparison.rows)} cases ({counts or 'none'}); "
           f"{len(comparison.unmatched)} jobs without a twin" + (f"; {len(unreadable)} jobs unreadable" if unreadable else "")
           + f"\n  {csv_path}\n  {html_path}")
     for note in comparison.notes():
         print(f"  note: {note}")
-    if args.fail_on_regression and (comparison.regressions or unreadable):
-        print(f"sweepbench: error: {len(comparison.regressions)} regressions, {len(unreadable)} unreadable jobs "
+    if not args.fail_on_regression:
+        return 0
+    return _gate(comparison, [f"{job['tag']} {UNREADABLE}: {job['error']}" for job in unreadable])
+
+
+# --fail-on-regression's exit codes besides 0 (pass) and 2 (bad input): the gate fails closed
+REGRESSION, UNJUDGED, UNDECIDED = 1, 3, 4
+
+
+def _row_numbers(row: dict[str, Any]) -> str:
+    """A row's ratio, interval, p (q), threshold and noise, then its note (why it did not decide)."""
+    if row.get("ratio") is None:
+        return row.get("note") or ""
+    text = f"{row['ratio']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}] p={row['p_value']:.2g}" \
+        + (f" q={row['q_value']:.2g}" if row.get("q_value") is not None else "")
+    if row["verdict"] in ("slower", "faster"):  # the others' note opens with their threshold and noise
+        noise = "between rounds" if row.get("basis") == "rounds" else f"baseline CV {row['baseline_cv']:.2f}"
+        return text + f" threshold {row['threshold']:.3f} (noise {row['baseline_noise']:.3f}, {noise})"
+    return text + (f": {row['note']}" if row.get("note") else "")
+
+
+def _gate(comparison: Any, unreadable: list[str]) -> int:
+    """``--fail-on-regression``: 1 when a case is slower or a candidate job failed where its
+    baseline's was ok; 3 when a job could not be judged (each named); 4 when no case was decided
+    (the line says what would decide); else 0."""
+    regressions = comparison.regressions
+    unjudged = [*unreadable, *comparison.unjudged]
+    for line in unjudged:
+        print(f"sweepbench: not judged: {line}", file=sys.stderr)
+    if regressions:
+        print(f"sweepbench: error: {len(regressions)} regressions"
+              + (f", {len(unjudged)} jobs or cases not judged" if unjudged else "") + " (--fail-on-regression)",
+              file=sys.stderr)
+        return REGRESSION
+    if unjudged:
+        print(f"sweepbench: error: {len(unjudged)} jobs or cases not judged, so the gate cannot pass "
               f"(--fail-on-regression)", file=sys.stderr)
-        return 1
+        return UNJUDGED
+    if not comparison.decided():
+        print(f"sweepbench: error: undecided: {comparison.what_would_decide()} (--fail-on-regression)", file=sys.stderr)
+        return UNDECIDED
     return 0
 
 

@@ -24,17 +24,19 @@ import datetime as dt
 import io
 import json
 import math
+import re
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
 from sweepbench.record.atomic import write_atomic
 from sweepbench.report.cases import case_identity, case_labels
+from sweepbench.report.hooks import compared
 from sweepbench.report.load import Sweep
 from sweepbench.report.plotting import config_value, figure_svg, heatmap
-from sweepbench.report.stats import (Thresholds, case_rounds, compare_rounds, compare_samples, log_variance,
-                                     verdict_for)
+from sweepbench.report.stats import (DECIDED, Thresholds, Verdict, case_rounds, compare_rounds, compare_samples,
+                                     floor_p, log_variance, min_samples, rounds_reason, verdict_for)
 
 # what a job's config holds that does not change what is measured
 # every verdict a row can have, in the order counts are shown: stats' five, then the job-level two
@@ -94,6 +96,9 @@ def _index(sweep: Sweep, on: Sequence[str] | None, side: str) -> dict[str, dict[
 class Comparison:
     rows: list[dict[str, Any]]
     unmatched: list[str] = field(default_factory=list)
+    # what the gate could not judge, one line each naming the job: a baseline job without a
+    # twin, a candidate job that failed with none, a case of the baseline the candidate lacks
+    unjudged: list[str] = field(default_factory=list)
     # when each side's compared jobs ran (first start, last finish), where both sides say so
     spans: tuple[tuple[str, str], tuple[str, str]] | None = None
 
@@ -113,6 +118,21 @@ class Comparison:
             if b1 <= c0 or c1 <= b0:
                 notes.append(APART.format(baseline=_span(b0, b1), candidate=_span(c0, c1)))
         return notes
+
+    def decided(self) -> bool:
+        """Whether any case got a verdict that answers (``stats.DECIDED``)."""
+        return any(r["verdict"] in DECIDED for r in self.rows)
+
+    def what_would_decide(self) -> str:
+        """One line for a comparison none of whose cases was decided: the reasons that occur."""
+        # each reason's last clause says what would decide; its p (or q) differs from case to case
+        wants = [re.sub(r"^[pq][^,=]* = [^,]+, ", "", (r.get("reason") or r.get("note") or r["verdict"]).split("; ")[-1])
+                 for r in self.rows]
+        if not wants:
+            return "no case was compared"
+        ranked = sorted(set(wants), key=lambda w: (-wants.count(w), w))
+        return f"no case of {len(wants)} was decided: " + "; ".join(
+            w + (f" ({wants.count(w)} of {len(wants)})" if len(ranked) > 1 else "") for w in ranked[:3])
 
     @property
     def regressions(self) -> list[dict[str, Any]]:
@@ -143,8 +163,10 @@ def _job_rows(base: dict[str, Any], cand: dict[str, Any], th: Thresholds) -> lis
         verdict = "failed" if failed == "candidate" and base.get("status") == "ok" else "not compared"
         return [{**common, "case": "", "verdict": verdict,
                  "note": f"{failed} job {job.get('status')}: {job.get('error') or ''}".strip()}]
-    base_cases = {case_identity(c): c for c in base["results"].get("cases", [])}
-    cand_cases = cand["results"].get("cases", [])
+    # a case that moves no data (Benchmark.compared: a one-rank collective) is not compared
+    base_list = [c for c in base["results"].get("cases", []) if compared(base, c)]
+    base_cases = {case_identity(c): c for c in base_list}
+    cand_cases = [c for c in cand["results"].get("cases", []) if compared(cand, c)]
     labels = case_labels(cand_cases)
     twins = [base_cases.get(case_identity(c)) for c in cand_cases]
     prior = _job_prior(list(zip(twins, cand_cases)))
@@ -157,16 +179,18 @@ def _job_rows(base: dict[str, Any], cand: dict[str, Any], th: Thresholds) -> lis
         if case_rounds(twin) and case_rounds(case):
             v = compare_rounds(case_rounds(twin), case_rounds(case), th, prior_variance=prior,
                                medians=(twin["round_medians_s"], case["round_medians_s"]))
-            note = ""
-            if v.verdict == "undecided":
-                note = (f"too few rounds to decide ({v.n_baseline} and {v.n_candidate}; "
-                        f"at least {th.min_rounds} a side)")
+            note = v.reason
         else:
             v = compare_samples(twin["times_s"], case["times_s"], th)
-            note = "process-to-process noise not covered (no rounds on both sides)"
-            if min(v.n_baseline, v.n_candidate) < 7:
-                note = "fewer than 7 iterations a side: the test can never reach p < 0.002; " + note
+            never = floor_p(v.n_baseline, v.n_candidate) >= th.p_value  # then even `unchanged` could never be `slower`
+            floor = (f"{v.n_baseline} and {v.n_candidate} samples can never reach p < {th.p_value:g} "
+                     f"(benchmark.iters >= {min_samples(th.p_value)})") if never else ""
+            note = "; ".join(x for x in (v.reason or floor, "process-to-process noise not covered "
+                                         "(no rounds on both sides)") if x)
         rows.append({**common, "case": label, **v.as_dict(), "note": note})
+    found = {case_identity(c) for c in cand_cases}
+    rows += [{**common, "case": label, "verdict": "not compared", "note": "no matching case in the candidate"}
+             for label, c in zip(case_labels(base_list), base_list) if case_identity(c) not in found]
     return rows
 
 
@@ -194,7 +218,31 @@ def compare_sweeps(baseline: Sweep, candidate: Sweep, *, on: Sequence[str] | Non
         rows.extend(_job_rows(base_index[key], cand, thresholds))
     _control_false_discoveries(rows, thresholds)
     spans = (_when([b for b, _ in pairs]), _when([c for _, c in pairs]))
-    return Comparison(rows, unmatched, spans=spans if all(spans) else None)  # type: ignore[arg-type]
+    return Comparison(rows, unmatched, unjudged=_unjudged(base_index, cand_index, rows, shared=bool(pairs)),
+                      spans=spans if all(spans) else None)  # type: ignore[arg-type]
+
+
+def _said(job: dict[str, Any]) -> str:
+    error = " ".join(str(job.get("error") or "").split())
+    return f"{job.get('status')}" + (f": {error[:200]}" if error else "")
+
+
+def _unjudged(base_index: dict[str, dict[str, Any]], cand_index: dict[str, dict[str, Any]],
+              rows: list[dict[str, Any]], *, shared: bool) -> list[str]:
+    """What the gate could not judge, one line each naming the job: every baseline job without a
+    twin, every candidate job without one that is not ok (a job that left no metrics.json has no
+    config to join on), and every joined job or case that was not compared (the baseline's job
+    failed, a case the candidate lacks). A new ok job or case of the candidate is not among them."""
+    lines = [] if shared else ["the two sweeps share no job (joined by config without "
+                               f"{', '.join(sorted(NOT_MEASUREMENT))}; name the columns to join on with --on)"]
+    lines += [f"baseline job {j.get('tag')} ({_said(j)}) has no twin in the candidate"
+              for k, j in base_index.items() if k not in cand_index]
+    lines += [f"candidate job {j.get('tag')} {_said(j)}, and has no twin in the baseline"
+              for k, j in cand_index.items() if k not in base_index and j.get("status") != "ok"]
+    lines += [f"{r['candidate_tag']}{' ' + r['case'] if r.get('case') else ''} (baseline {r['baseline_tag']}): "
+              f"not compared: {r.get('note') or ''}".rstrip(": ")
+              for r in rows if r["verdict"] == "not compared" and r.get("note") != "no matching case in the baseline"]
+    return lines
 
 
 def _control_false_discoveries(rows: list[dict[str, Any]], th: Thresholds) -> None:
@@ -210,6 +258,9 @@ def _control_false_discoveries(rows: list[dict[str, Any]], th: Thresholds) -> No
     for row, q in zip(family, false_discovery_control([r["p_value"] for r in family], method="bh")):
         row["q_value"] = float(q)
         row["verdict"] = verdict_for(row["ratio"], row["threshold"], significant=q < th.rounds_p_value)
+        judged = Verdict(**{k: row[k] for k in Verdict.__dataclass_fields__})
+        row["note"] = row["reason"] = rounds_reason(replace(judged, verdict=row["verdict"]), th, p=float(q),
+                                                    name="q (p adjusted over the comparison's cases)")
 
 
 def to_csv(comparison: Comparison) -> str:
@@ -260,8 +311,8 @@ def render_comparison(comparison: Comparison, baseline: Sweep, candidate: Sweep,
     from sweepbench.report.template import render
 
     shown = ("benchmark", "candidate_tag", "case", "verdict", "basis", "ratio", "ci_low", "ci_high", "p_value",
-             "q_value", "threshold", "baseline_median_s", "candidate_median_s", "baseline_cv", "candidate_cv",
-             "unstable", "note")
+             "q_value", "threshold", "baseline_noise", "baseline_median_s", "candidate_median_s", "baseline_cv",
+             "candidate_cv", "unstable", "note")
     rows = [[_fmt_cell(k, r.get(k)) for k in shown] for r in comparison.rows]
     counts = comparison.counts()
     t = thresholds
@@ -280,7 +331,8 @@ def render_comparison(comparison: Comparison, baseline: Sweep, candidate: Sweep,
     return render("compare.html", title=f"sweepbench compare: {baseline.name} -> {candidate.name}",
                   generated=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
                   meta=meta, counts=counts, rule=rule, figures=_figures(comparison),
-                  columns=[c.replace("_", " ") for c in shown], rows=rows, unmatched=comparison.unmatched)
+                  columns=[c.replace("_", " ") for c in shown], rows=rows, unmatched=comparison.unmatched,
+                  unjudged=comparison.unjudged)
 
 
 def write_comparison(comparison: Comparison, baseline: Sweep, candidate: Sweep, thresholds: Thresholds,

@@ -21,10 +21,10 @@ from omegaconf import OmegaConf
 
 from sweepbench.record.atomic import write_atomic
 from sweepbench.report.answer import Answer, answer_jobs
+from sweepbench.report.hooks import compared_jobs
 from sweepbench.report.load import Sweep, load_sweep
 from sweepbench.report.plotting import config_value, figure_svg
 from sweepbench.report.template import render
-from sweepbench.report.units import format_time
 
 log = logging.getLogger(__name__)
 
@@ -188,20 +188,22 @@ def answer_view(answer: Answer) -> dict[str, Any]:
         first, second = r.entries[0], (r.entries[1] if len(r.entries) > 1 else None)
         verdict = r.verdict.verdict if r.verdict is not None else ""
         p = r.verdict.p_value if r.verdict is not None else None
-        rows.append([Cell(r.group), Cell(r.case), Cell(first.label, "winner"), Cell(format_time(first.median_s), "num"),
+        rows.append([Cell(r.group), Cell(r.case), Cell(first.label, "winner"), Cell(first.shown(), "num"),
                      Cell(second.label if second else "(the only one)"),
-                     Cell(format_time(second.median_s) if second else "", "num"),
+                     Cell(second.shown() if second else "", "num"),
                      Cell(f"{second.median_s / first.median_s:.2f}x" if second else "", "num"),
                      Cell(_GAP.get(verdict, r.note), "gap-" + (verdict.replace("~", "maybe") or "none")),
                      Cell("" if p is None else (f"< {r.p_level:g}" if p < r.p_level else f"{p:.2g}"), "num"),
-                     Cell(" < ".join(f"{e.label} {format_time(e.median_s)}" for e in r.entries) if len(r.entries) > 2 else "")])
+                     Cell(r.verdict.reason if r.verdict is not None else ""),
+                     Cell(" < ".join(f"{e.label} {e.shown()}" for e in r.entries) if len(r.entries) > 2 else "")])
     note = ""
     if rows and all(len(r.entries) < 2 for r in answer.rankings):
         alone = len({id(e.job) for r in answer.rankings for e in r.entries}) == 1
         rows, note = [], ("one job ok: nothing to rank it against" if alone else
                           "every configuration is alone in its group (only scales varied): nothing to rank")
-    columns = ["where", "case", "fastest", "median", "runner-up", "median", "ratio", "gap", "p", "ranking"]
-    keep = [i for i, c in enumerate(columns) if i not in (0, 1, 9) or any(row[i].text for row in rows)]
+    columns = ["where", "case", "fastest", "median", "runner-up", "median", "ratio", "gap", "p", "why not decided",
+               "ranking"]
+    keep = [i for i, c in enumerate(columns) if i not in (0, 1, 9, 10) or any(row[i].text for row in rows)]
     return {"name": answer.benchmark, "columns": [columns[i] for i in keep],
             "rows": [[row[i] for i in keep] for row in rows], "failed": answer.failed, "note": note,
             "sentences": [r.sentence() for r in answer.rankings],
@@ -217,6 +219,7 @@ def sweep_section(sweep: Sweep, ids: _Ids) -> dict[str, Any]:
             by_bench.setdefault(name, []).append(job)
     benchmarks = []
     for name, jobs in by_bench.items():
+        jobs = compared_jobs(jobs)  # a job whose cases move no data (a one-rank collective) is not drawn
         figures, notes = benchmark_figures(name, jobs, ids)
         benchmarks.append({"name": name, "figures": figures, "notes": notes,
                            "distributions": distribution_figure(name, jobs, ids)})

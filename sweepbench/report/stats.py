@@ -20,13 +20,17 @@ When the ratio crosses the threshold but the test does not agree, the verdict is
 A side is ``unstable`` (nccl-tests' flags) when its coefficient of variation exceeds ``max_cv``
 or its max/median exceeds ``max_spread``; the verdict is then ``unstable`` unless the change is
 established by both rules above (it is still flagged). The ratio comes with a bootstrap 95%
-interval (medians of resamples of each side, independently)."""
+interval (medians of resamples of each side, independently).
+
+A verdict that does not decide (``~``, ``unstable``, ``undecided``) carries its ``reason``: the
+threshold and the noise behind it, what kept it from deciding, and what would decide it (the
+fewest samples the test needs, ``min_samples``, or rounds)."""
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -110,9 +114,70 @@ class Verdict:
     n_baseline: int  # samples, or rounds (basis "rounds")
     n_candidate: int
     basis: str = "samples"  # "rounds": the rounds' medians; "samples": one process's samples
+    reason: str = ""  # a verdict that does not decide: why, and what would decide it
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+DECIDED = ("slower", "faster", "unchanged")  # the verdicts that answer; the others say why they cannot
+
+
+def floor_p(n: int, m: int) -> float:
+    """The smallest p of ``compare_samples``' test for ``n`` against ``m`` samples: that of two
+    samples that do not overlap at all (2 / C(n+m, n) where scipy's test is exact)."""
+    from scipy.stats import mannwhitneyu
+
+    return float(mannwhitneyu(range(n), range(n, n + m), alternative="two-sided").pvalue)
+
+
+def min_samples(p_value: float) -> int:
+    """The fewest samples a side (the same on both) with which ``compare_samples``' test can
+    reach p < ``p_value`` (7 for 0.002: 6 against 6 cannot go below 0.0022)."""
+    n = 2
+    while floor_p(n, n) >= p_value:
+        n += 1
+    return n
+
+
+def _sides(n: int, m: int, what: str) -> str:
+    return f"{n} {what} a side" if n == m else f"{n} and {m} {what}"
+
+
+def samples_reason(v: "Verdict", th: Thresholds) -> str:
+    """Why a samples verdict does not decide, and what would ("" for one that does)."""
+    if v.verdict in DECIDED:
+        return ""
+    parts = [f"threshold {v.threshold:.3f} from the baseline's noise {v.baseline_noise:.3f} "
+             f"(CV {v.baseline_cv:.2f} and {v.candidate_cv:.2f})"]
+    if v.unstable:
+        sides = (("baseline", v.baseline_cv, v.baseline_spread), ("candidate", v.candidate_cv, v.candidate_spread))
+        too = [f"{side} {name} {value:.2f} > {limit:g}" for side, c, s in sides
+               for name, value, limit in (("CV", c, th.max_cv), ("max/median", s, th.max_spread)) if value > limit]
+        parts.append("unstable: " + ", ".join(too))
+    rounds = f"sweep.repeats >= {th.min_rounds} (judged on rounds)"
+    if floor_p(v.n_baseline, v.n_candidate) >= th.p_value:
+        parts.append(f"{_sides(v.n_baseline, v.n_candidate, 'samples')} cannot reach p < {th.p_value:g}: "
+                     f"benchmark.iters >= {min_samples(th.p_value)} or {rounds}")
+    elif v.ratio > v.threshold or v.ratio < 1 / v.threshold:
+        parts.append(f"p = {v.p_value:.2g}, not < {th.p_value:g}: more samples (benchmark.iters) or {rounds}")
+    else:
+        parts.append(f"the ratio is within the threshold, but a side too noisy to call it unchanged: {rounds}, "
+                     f"or a quieter machine")
+    return "; ".join(parts)
+
+
+def rounds_reason(v: "Verdict", th: Thresholds, *, p: float, name: str = "p") -> str:
+    """Why a rounds verdict does not decide, and what would ("" for one that does); ``p`` is
+    what the verdict rests on: its p-value, or over a comparison its q-value (``name``)."""
+    if v.verdict in DECIDED:
+        return ""
+    if v.verdict == "undecided":
+        return (f"{_sides(v.n_baseline, v.n_candidate, 'rounds')}, fewer than {th.min_rounds} a side: "
+                f"sweep.repeats >= {th.min_rounds}")
+    return (f"threshold {v.threshold:.3f} from the noise between rounds {v.baseline_noise:.3f}; "
+            f"{name} = {p:.2g}, not < {th.rounds_p_value:g}: more rounds (sweep.repeats > "
+            f"{min(v.n_baseline, v.n_candidate)})")
 
 
 def verdict_for(ratio: float, threshold: float, significant: bool) -> str:
@@ -142,8 +207,9 @@ def compare_samples(base: Sequence[float], cand: Sequence[float], th: Thresholds
     verdict = verdict_for(ratio, threshold, significant)
     if unstable and verdict not in ("slower", "faster"):
         verdict = "unstable"
-    return Verdict(verdict, ratio, lo, hi, p, threshold, noise, mb, mc, cv(base), cv(cand), spread(base),
-                   spread(cand), unstable, len(base), len(cand))
+    v = Verdict(verdict, ratio, lo, hi, p, threshold, noise, mb, mc, cv(base), cv(cand), spread(base),
+                spread(cand), unstable, len(base), len(cand))
+    return replace(v, reason=samples_reason(v, th))
 
 
 def case_rounds(case: dict[str, Any]) -> list[float] | None:
@@ -194,7 +260,8 @@ def compare_rounds(base: Sequence[float], cand: Sequence[float], th: Thresholds 
                   candidate_spread=spread(list(np.exp(c))), unstable=False, n_baseline=len(b),
                   n_candidate=len(c), basis="rounds")
     if min(len(b), len(c)) < th.min_rounds:
-        return Verdict("undecided", ratio, math.nan, math.nan, math.nan, math.nan, math.nan, **common)
+        v = Verdict("undecided", ratio, math.nan, math.nan, math.nan, math.nan, math.nan, **common)
+        return replace(v, reason=rounds_reason(v, th, p=math.nan))
     variance, df = log_variance(base, cand)
     if prior_variance is not None and math.isfinite(prior_variance) and th.prior_df > 0:
         variance = (th.prior_df * prior_variance + df * variance) / (th.prior_df + df)
@@ -210,4 +277,5 @@ def compare_rounds(base: Sequence[float], cand: Sequence[float], th: Thresholds 
         p, half = (1.0 if diff == 0 else 0.0), 0.0
     significant = p < th.rounds_p_value
     verdict = verdict_for(ratio, threshold, significant)
-    return Verdict(verdict, ratio, math.exp(diff - half), math.exp(diff + half), p, threshold, noise, **common)
+    v = Verdict(verdict, ratio, math.exp(diff - half), math.exp(diff + half), p, threshold, noise, **common)
+    return replace(v, reason=rounds_reason(v, th, p=p))

@@ -100,6 +100,8 @@ _COMPARE = """{% extends "base.html" %}{% from "macros.html" import figure, tabl
 {% for f in figures %}{{ figure(f) }}{% endfor %}
 <h2>Per job and case</h2>
 <div class="scroll">{{ table(columns, rows) }}</div>
+{% if unjudged %}<h2>Not judged</h2><p class="note">What <code>--fail-on-regression</code> could not judge (it exits 3):</p>
+<ul class="unjudged">{% for u in unjudged %}<li>{{ u }}</li>{% endfor %}</ul>{% endif %}
 {% if unmatched %}<h2>Jobs without a twin</h2><ul>{% for u in unmatched %}<li>{{ u }}</li>{% endfor %}</ul>{% endif %}
 {% endblock %}
 """

@@ -118,8 +118,10 @@ def test_docs_command_runs(page: str, cmd: str, docs_sweep: Path, user_conf: Pat
         proc = subprocess.run([sys.executable, "-m", "sweepbench", *args], cwd=tmp_path, env=base_env(),
                               capture_output=True, text=True, timeout=300)
         assert "Traceback" not in proc.stderr, f"{page}: {cmd}\n{proc.stderr[-3000:]}"
-        # compare exits 1 only with --fail-on-regression and a slower candidate: never on one sweep
-        assert proc.returncode == 0, f"{page}: {cmd} -> exit {proc.returncode}\n{proc.stderr[-3000:]}"
+        # a sweep against itself is never slower (exit 1) and every job has its twin (3); with
+        # --fail-on-regression its cases may all be too noisy to call unchanged (4, said in one line)
+        undecided = proc.returncode == 4 and "--fail-on-regression" in args and "error: undecided:" in proc.stderr
+        assert proc.returncode == 0 or undecided, f"{page}: {cmd} -> exit {proc.returncode}\n{proc.stderr[-3000:]}"
         return
     multirun = "-m" in args
     args = [a for a in args if a != "-m" and not a.startswith("hydra.sweep.dir=")]

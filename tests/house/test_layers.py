@@ -34,6 +34,8 @@ LAYERS: list[tuple[str, ...]] = [
 ALLOWED: dict[tuple[str, str], str] = {
     ("sweepbench.report.page", "sweepbench.benchmarks.registry"):
         "a report calls each benchmark's headline hook, looked up by the name recorded in metrics.json",
+    ("sweepbench.report.hooks", "sweepbench.benchmarks.registry"):
+        "the ranking, figures and compare ask a benchmark which cases it compares and what one iteration's work is",
     ("sweepbench.report.pages", "sweepbench.benchmarks.registry"):
         "a results page calls its benchmark's page hook (columns, derived values), looked up by the run's name",
 }

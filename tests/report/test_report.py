@@ -178,7 +178,9 @@ def test_an_unreadable_job_is_named_and_fails_the_gate(report_sweeps: dict[str, 
     assert re.search(rf"unreadable\s+{tag}\s+{re.escape(str(half / tag / 'metrics.json'))} cannot be read", proc.stdout)
     assert "1 jobs unreadable" in proc.stdout
     proc = sweepbench_cli("compare", good, half, "--on", "fault.kind", "--fail-on-regression")
-    assert proc.returncode == 1 and "1 unreadable jobs (--fail-on-regression)" in proc.stderr
+    # the gate fails closed on what it could not judge: its own exit code, a line naming the job
+    assert proc.returncode == 3, proc.stderr
+    assert re.search(rf"not judged: {tag} unreadable: .* cannot be read", proc.stderr), proc.stderr
     # the report lists it among the failed jobs, by name
     assert sweepbench_cli("report", half, "-o", tmp_path / "r.html").returncode == 0
     page = (tmp_path / "r.html").read_text()

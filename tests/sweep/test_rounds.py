@@ -159,14 +159,15 @@ def test_bad_repeats_is_one_line_exit_2(tmp_path: Path) -> None:
     assert not (tmp_path / "sweep").exists()
 
 
-def test_compare_with_too_few_rounds_is_undecided(rounds_runs: dict[str, Any], tmp_path: Path) -> None:
+def test_compare_leaves_one_rank_collectives_out(rounds_runs: dict[str, Any], tmp_path: Path) -> None:
+    """This sweep's jobs are one-rank collectives: they move no data, so compare judges none of
+    their cases (a sweep of rounds that moves data: tests/report/test_verdicts.py)."""
     from tests.report.conftest import sweepbench_cli
 
     proc = sweepbench_cli("compare", rounds_runs["dir"], rounds_runs["dir"], "-o", tmp_path)
     assert proc.returncode == 0, proc.stderr
     import pandas as pd
 
-    table = pd.read_csv(tmp_path / "compare.csv")
-    assert len(table) == 2 and set(table["verdict"]) == {"undecided"} and set(table["basis"]) == {"rounds"}
-    assert table["note"].str.contains(r"too few rounds to decide \(2 and 2; at least 3 a side\)").all()
-    assert "undecided: 2" in proc.stdout and "process-to-process" not in proc.stdout
+    assert len(pd.read_csv(tmp_path / "compare.csv")) == 0 and "0 cases" in proc.stdout
+    proc = sweepbench_cli("compare", rounds_runs["dir"], rounds_runs["dir"], "-o", tmp_path, "--fail-on-regression")
+    assert proc.returncode == 4 and "no case was compared" in proc.stderr, proc.stderr
