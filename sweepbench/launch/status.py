@@ -69,7 +69,8 @@ class SweepStatus:
             self._live.update(self._line())
         elif time.monotonic() - self._said >= PLAIN_EVERY_S:
             self._said = time.monotonic()
-            print(f"{self._line()} {self._tag}", flush=True)
+            print(f"[{self.index(self._tag)}/{len(self.tags)}] {self._tag}: {self._what} "
+                  f"({_clock(time.monotonic() - self._job_start)})", flush=True)
 
     def job_finished(self, status: str, error: str | None = None) -> None:
         if self._live is not None:

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from sweepbench.launch.preflight import check_local_fit, host_memory_bytes, validate
 
-from ..conftest import run_sweepbench
+from ..conftest import base_env, run_sweepbench
 
 CASES = {
     "ranks": (["benchmark=collective", "parallelism.dp=512"],
@@ -71,10 +71,11 @@ def test_dry_run_of_a_gpu_grid_lists_every_job_with_its_fit_note(tmp_path: Path,
     from ..conftest import expand_grid
 
     run = run_sweepbench([f"experiment={experiment}", "sweep.dry_run=true"], sweep_dir=tmp_path / "sweep",
-                         cwd=tmp_path / "cwd", multirun=False)
+                         cwd=tmp_path / "cwd", multirun=False, env=base_env(COLUMNS="80"))
     assert run.rc == 0, run.describe()
     listing = _dry_run_listing(run.stdout)
     assert len(listing) == num_jobs and f"{num_jobs} jobs" in run.stdout
+    assert len(run.stdout.splitlines()) <= num_jobs + 2  # piped at 80 columns: one line per job, nothing wrapped
     saved = OmegaConf.load(Path(__file__).parents[2] / "conf" / "experiment" / f"{experiment}.yaml")
     grid = saved.hydra.sweeper.params
     for job in expand_grid([f"{k}={v}" for k, v in grid.items()]):

@@ -93,6 +93,7 @@ JobAcctGatherFrequency=30
 JobCompType=jobcomp/none
 MailProg=/bin/true
 GresTypes=gpu
+AccountingStorageTRES=gres/gpu
 {self._node_lines()}"""
 
     def _configs(self) -> Dict[Path, str]:
