@@ -21,18 +21,28 @@ K/V (1/r of the tokens) travel is the ``exchange``:
   whole sequence are all-gathered over every rank, each local chunk's queries attend to their
   segment, and the gathered K/V's gradients are reduce-scattered back (the backward gathers again).
 
-GQA kv heads are expanded before sparsifying (each head picks its own tokens)."""
+GQA kv heads are expanded before sparsifying (each head picks its own tokens).
+
+What is per shape is built once (``_plan``, cached per shape and device): one index of every kept
+(batch, head, token) of every branch into the flattened rows, so that q, k and v are gathered by
+one ``index_select`` and their gradients added back by one ``index_add_`` per call. Local branches
+with the same w / r kept tokens per segment are one attention call over all their segments, each a
+batch entry (the seed's 2048/4096/8192 at rates 1/2/4 keep 2048 each: one call). All branches'
+outputs are merged in one pass (the log-sum-exp over the entries of each row). The backward takes
+the gathered q, k, v saved by the forward and calls each op once with the merged output and LSE.
+No step reads a value back to the host."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
 from sweepbench.attention.accum import merge_
 from sweepbench.attention.comm import Comm, Pending, gather_sequence, reduce_scatter_sequence
-from sweepbench.attention.ops import (Aux, Block, SdpaBackend, attend, attend_backward, expand_kv, full_blocks,
-                                      new_accumulators, stash, unstash)
+from sweepbench.attention.ops import (Block, SdpaBackend, attend, attend_backward, expand_kv, kv_in, new_accumulators,
+                                      rows_in)
 from sweepbench.attention.placement import Span, spans
 
 EXCHANGES = ("covering", "group")
@@ -85,28 +95,19 @@ def _is_local(br: Branch, local: list[Span]) -> bool:
     return all(s.length % br.segment == 0 and s.global_start % br.segment == 0 for s in local)
 
 
-def _index(br: Branch, heads: int, head_base: int, local: list[Span], device: torch.device) -> torch.Tensor:
+def _index(br: Branch, heads: int, head_base: int, local: list[Span]) -> torch.Tensor:
     """(heads, local_len / r): local positions each head keeps, span by span."""
-    offs = (torch.arange(heads, device=device) + head_base) % br.rate
-    parts = [s.local_start + torch.arange(0, s.length, br.rate, device=device)[None, :] + offs[:, None]
-             for s in local]
+    offs = (torch.arange(heads) + head_base) % br.rate
+    parts = [s.local_start + torch.arange(0, s.length, br.rate)[None, :] + offs[:, None] for s in local]
     return torch.cat(parts, dim=1)
 
 
-def _take(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    b, _, _, d = x.shape
-    return x.gather(2, idx[None, :, :, None].expand(b, -1, -1, d))
-
-
-def _segments(x: torch.Tensor, m: int) -> torch.Tensor:
-    """(B, H, n*m, ...) -> (B*n, H, m, ...): each segment a batch entry."""
-    b, h, l = x.shape[:3]
-    return x.reshape(b, h, l // m, m, *x.shape[3:]).transpose(1, 2).reshape(b * (l // m), h, m, *x.shape[3:])
-
-
-def _unsegments(x: torch.Tensor, b: int) -> torch.Tensor:
-    n, h, m = x.shape[:3]
-    return x.reshape(b, n // b, h, m, *x.shape[3:]).transpose(1, 2).reshape(b, h, (n // b) * m, *x.shape[3:])
+def _segment_index(br: Branch, heads: int, head_base: int, local: list[Span]) -> torch.Tensor:
+    """(segments, heads, w / r): the local positions each head keeps, segment by segment (a local branch)."""
+    m = br.segment // br.rate
+    starts = torch.tensor([s.local_start + j for s in local for j in range(0, s.length, br.segment)])
+    offs = (torch.arange(heads) + head_base) % br.rate
+    return starts[:, None, None] + offs[None, :, None] + br.rate * torch.arange(m)[None, None, :]
 
 
 def _long_blocks(br: Branch, local: list[Span], causal: bool) -> list[Block]:
@@ -124,133 +125,206 @@ def _long_blocks(br: Branch, local: list[Span], causal: bool) -> list[Block]:
     return blocks
 
 
-@dataclass
-class _Sparse:
-    """One branch's sparse view of the local tokens, and the K/V its segment's other ranks sent."""
+@dataclass(frozen=True)
+class _Local:
+    """Local branches with the same w / r (``m``) kept tokens per segment: one attention call over
+    all their segments, each a batch entry. Entries ``rows`` of the plan's index, laid out
+    (B, segments, H, m)."""
+
+    m: int
+    segments: int  # per batch entry, over all the branches of the group
+    rows: slice
+
+
+@dataclass(frozen=True)
+class _Long:
+    """A branch whose segments span beyond the local chunks: its sparse local tokens (``n`` a head),
+    entries ``rows`` of the plan's index laid out (B, H, n), and how its K/V travel."""
 
     br: Branch
-    idx: torch.Tensor
-    kind: str  # local | covering | group
-    cover: Cover | None = None
-    received: list[torch.Tensor] | None = None  # (2, B, H, l/r, D) per rank of cover.srcs
-    sent: torch.Tensor | None = None  # this rank's (2, B, H, l/r, D), alive until its sends are done
-    pending: Pending | None = None
+    kind: str  # covering | group
+    cover: Cover | None
+    n: int
+    rows: slice
 
 
-def _plan(opt: DilatedOptions, local: list[Span], heads: int, device: torch.device) -> list[_Sparse]:
-    out = []
-    for br in opt.branches:
-        idx = _index(br, heads, opt.head_base, local, device)
-        if _is_local(br, local):
-            out.append(_Sparse(br, idx, "local"))
-        elif opt.exchange == "covering":
-            assert opt.placement == "contiguous", f"the covering exchange needs the contiguous placement, " \
-                                                  f"not {opt.placement}"
-            out.append(_Sparse(br, idx, "covering", cover(br, rank=opt.comm.rank, world_size=opt.comm.size,
-                                                          seq_len=opt.seq_len, causal=opt.causal)))
+@dataclass(frozen=True)
+class _Plan:
+    """What depends only on the shape: every kept (batch, head, token) of every branch as one index
+    into the flattened (B*H*l) rows of q, k, v and the output, the local groups' entries first."""
+
+    local: tuple[_Local, ...]
+    long: tuple[_Long, ...]
+    index: torch.Tensor  # (entries,) int64 on the device
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(branches: tuple[Branch, ...], *, causal: bool, placement: str, rank: int, size: int, seq_len: int,
+          exchange: str, head_base: int, batch: int, heads: int, length: int, device: torch.device) -> _Plan:
+    """Built once per shape and device (the index is copied to the device once, not per call)."""
+    local_spans = spans(placement, rank, size, seq_len)
+    by_m: dict[int, list[torch.Tensor]] = {}
+    longs: list[tuple[Branch, str, Cover | None, torch.Tensor]] = []
+    for br in branches:
+        if _is_local(br, local_spans):
+            by_m.setdefault(br.segment // br.rate, []).append(_segment_index(br, heads, head_base, local_spans))
+        elif exchange == "covering":
+            assert placement == "contiguous", f"the covering exchange needs the contiguous placement, not {placement}"
+            longs.append((br, "covering", cover(br, rank=rank, world_size=size, seq_len=seq_len, causal=causal),
+                          _index(br, heads, head_base, local_spans)))
         else:
-            out.append(_Sparse(br, idx, "group"))
-    return out
+            longs.append((br, "group", None, _index(br, heads, head_base, local_spans)))
+    row0 = torch.arange(batch)[:, None] * (heads * length)  # (B, 1): where batch entry b's rows start
+    head0 = torch.arange(heads)[:, None] * length  # (H, 1)
+    parts, groups, plans, at = [], [], [], 0
+    for m, idx in by_m.items():
+        seg = torch.cat(idx) + head0[None]  # (S, H, m)
+        flat = (row0[:, :, None, None] + seg[None]).reshape(-1)
+        groups.append(_Local(m, seg.shape[0], slice(at, at + flat.numel())))
+        parts.append(flat)
+        at += flat.numel()
+    for br, kind, cov, idx in longs:
+        flat = (row0[:, :, None] + (idx + head0)[None]).reshape(-1)
+        plans.append(_Long(br, kind, cov, idx.shape[1], slice(at, at + flat.numel())))
+        parts.append(flat)
+        at += flat.numel()
+    return _Plan(tuple(groups), tuple(plans), torch.cat(parts).to(device))
 
 
-def _merge_branch(out: torch.Tensor, lse: torch.Tensor, idx: torch.Tensor, bo: torch.Tensor,
-                  bl: torch.Tensor) -> None:
-    so, sl = _take(out, idx), lse.gather(2, idx[None].expand(out.shape[0], -1, -1))
-    merge_(so, sl, bo, bl)
-    out.scatter_(2, idx[None, :, :, None].expand_as(so), so)
-    lse.scatter_(2, idx[None].expand_as(sl), sl)
+def _merge_entries(o: torch.Tensor, lse: torch.Tensor, index: torch.Tensor,
+                   rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every branch's (entries, D) output and (entries,) LSE merged by their log-sum-exp into fp32
+    (rows, D) and (rows,): out = sum of exp(lse_e - LSE) * o_e over the entries of a row, LSE their
+    logsumexp (rows no entry keeps: 0 and -inf). One pass for all branches."""
+    top = torch.full((rows,), float("-inf"), dtype=torch.float32, device=o.device)
+    top.scatter_reduce_(0, index, lse, "amax")
+    e = torch.exp(lse - top.index_select(0, index))
+    total = torch.zeros_like(top).index_add_(0, index, e)
+    out = torch.zeros((rows, o.shape[-1]), dtype=torch.float32, device=o.device)
+    out.index_add_(0, index, o * (e / total.index_select(0, index))[:, None])
+    return out, top + total.log()
 
 
-def _forward_branch(opt: DilatedOptions, sp: _Sparse, qs: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor,
-                    local: list[Span]) -> tuple[torch.Tensor, torch.Tensor, Aux]:
-    bo, bl = new_accumulators(qs)
-    if sp.kind == "local":
-        m = sp.br.segment // sp.br.rate
-        so, sl = _segments(bo, m), _segments(bl, m)
-        aux = attend(opt.backend, _segments(qs, m), _segments(ks, m), _segments(vs, m),
-                     full_blocks(m, opt.causal), scale=opt.scale, out=so, lse=sl)
-        return _unsegments(so, qs.shape[0]), _unsegments(sl, qs.shape[0]), aux
-    if sp.kind == "covering":
-        n = qs.shape[2]
-        aux = attend(opt.backend, qs, ks, vs, full_blocks(n, opt.causal), scale=opt.scale, out=bo, lse=bl)
-        sp.pending.wait()  # type: ignore[union-attr]
-        for kv in sp.received:  # type: ignore[union-attr]
-            aux = attend(opt.backend, qs, kv[0], kv[1], full_blocks(n, False), scale=opt.scale, out=bo, lse=bl)
-        return bo, bl, aux
-    kv = _gather_sequence(opt, torch.stack([ks, vs]))
-    aux = attend(opt.backend, qs, kv[0], kv[1], _long_blocks(sp.br, local, opt.causal),
-                 scale=opt.scale, out=bo, lse=bl)
-    return bo, bl, aux
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1]) if x.dim() == 4 else x.reshape(-1)
 
 
 class DilatedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, opt: DilatedOptions):  # type: ignore[override]
-        local = spans(opt.placement, opt.comm.rank, opt.comm.size, opt.seq_len)
-        out, lse = new_accumulators(q)
-        plan = _plan(opt, local, q.shape[1], q.device)
-        sparse = [(_take(q, sp.idx), _take(k, sp.idx), _take(v, sp.idx)) for sp in plan]
-        for sp, (_, ks, vs) in zip(plan, sparse):  # the covering exchanges first: they run beside the compute
-            if sp.kind == "covering":
-                sp.sent = torch.stack([ks, vs])
-                sp.received = [torch.empty_like(sp.sent) for _ in sp.cover.srcs]  # type: ignore[union-attr]
-                sp.pending = opt.comm.send_recv([(d, sp.sent) for d in sp.cover.dsts],  # type: ignore[union-attr]
-                                                list(zip(sp.cover.srcs, sp.received)))  # type: ignore[union-attr]
-        aux: Aux = ()
-        for sp, xs in sorted(zip(plan, sparse), key=lambda p: p[0].kind == "covering"):  # covering ones last
-            bo, bl, aux = _forward_branch(opt, sp, *xs, local)
-            _merge_branch(out, lse, sp.idx, bo, bl)
-        for sp in plan:
-            sp.pending, sp.sent = None, None
-        return stash(ctx, q, k, v, out, lse, (opt, aux, plan))
+        b, h, n, d = q.shape
+        plan = _plan(opt.branches, causal=opt.causal, placement=opt.placement, rank=opt.comm.rank,
+                     size=opt.comm.size, seq_len=opt.seq_len, exchange=opt.exchange, head_base=opt.head_base,
+                     batch=b, heads=h, length=n, device=q.device)
+        # q, k, v of every kept entry, gathered at once: (3, entries, D), each group a contiguous run
+        sel = torch.stack([q, k, v]).view(3, b * h * n, d).index_select(1, plan.index)
+        received: list[list[torch.Tensor]] = []
+        pending: list[tuple[Pending, torch.Tensor] | None] = []  # a send's tensor kept alive until waited
+        for lg in plan.long:  # the covering exchanges first: they run beside the local compute
+            if (cov := lg.cover) is not None:
+                kv = sel[1:, lg.rows].reshape(2, b, h, lg.n, d)  # a contiguous copy: what is sent
+                received.append([torch.empty_like(kv) for _ in cov.srcs])
+                pending.append((opt.comm.send_recv([(p, kv) for p in cov.dsts], list(zip(cov.srcs, received[-1]))),
+                                kv))
+            else:
+                received.append([])
+                pending.append(None)
+        outs, lses, auxes = [], [], []
+        for g in plan.local:
+            x = sel[:, g.rows].view(3, b * g.segments, h, g.m, d)
+            o, lse, aux = opt.backend.forward(rows_in(opt.backend, x[0]), kv_in(opt.backend, x[1], h),
+                                              kv_in(opt.backend, x[2], h), opt.causal, opt.scale)
+            outs.append(_flat(o))
+            lses.append(_flat(lse))
+            auxes.append([aux])
+        for lg, got, wait in zip(plan.long, received, pending):
+            qs, ks, vs = sel[:, lg.rows].view(3, b, h, lg.n, d)
+            if lg.kind == "covering":
+                o, lse, aux = opt.backend.forward(rows_in(opt.backend, qs), kv_in(opt.backend, ks, h),
+                                                  kv_in(opt.backend, vs, h), opt.causal, opt.scale)
+                wait[0].wait()  # type: ignore[index]
+                call_aux = [aux]
+                if got:
+                    o = o.float()
+                    for kv in got:
+                        bo, bl, aux = opt.backend.forward(rows_in(opt.backend, qs), kv_in(opt.backend, kv[0], h),
+                                                          kv_in(opt.backend, kv[1], h), False, opt.scale)
+                        merge_(o, lse, bo, bl)
+                        call_aux.append(aux)
+                auxes.append(call_aux)
+            else:
+                o, lse = new_accumulators(qs)
+                kv = _gather_sequence(opt, sel[1:, lg.rows].view(2, b, h, lg.n, d))
+                auxes.append([attend(opt.backend, qs, kv[0], kv[1], _long_blocks(lg.br, spans(
+                    opt.placement, opt.comm.rank, opt.comm.size, opt.seq_len), opt.causal), scale=opt.scale,
+                    out=o, lse=lse)])
+            outs.append(_flat(o))
+            lses.append(_flat(lse))
+        one = len(outs) == 1
+        out, lse = _merge_entries(outs[0] if one else torch.cat(outs), lses[0] if one else torch.cat(lses),
+                                  plan.index, b * h * n)
+        out = out.view(b, h, n, d).to(q.dtype)
+        ctx.save_for_backward(sel, out, lse)
+        ctx.meta = (opt, plan, auxes, received)
+        return out
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
-        q, k, v, out, lse, (opt, aux, plan) = unstash(ctx)
-        local = spans(opt.placement, opt.comm.rank, opt.comm.size, opt.seq_len)
-        grads = [torch.zeros_like(x, dtype=torch.float32) for x in (q, k, v)]
-        returns: list[tuple[_Sparse, list, list[torch.Tensor], Pending]] = []  # sends kept alive until done
-        for sp in sorted(plan, key=lambda p: p.kind != "covering"):  # covering first: their dK/dV travel meanwhile
-            qs, ks, vs, dos, os_ = (_take(x, sp.idx) for x in (q, k, v, dout, out))
-            ls = lse.gather(2, sp.idx[None].expand(q.shape[0], -1, -1))
-            dqs = torch.zeros_like(qs, dtype=torch.float32)
-            dks, dvs = torch.zeros_like(dqs), torch.zeros_like(dqs)
-            if sp.kind == "local":
-                m, b = sp.br.segment // sp.br.rate, q.shape[0]
-                sq, sk, sv = _segments(dqs, m), _segments(dks, m), _segments(dvs, m)
-                attend_backward(opt.backend, _segments(dos, m), _segments(qs, m), _segments(ks, m),
-                                _segments(vs, m), _segments(os_, m), _segments(ls, m), full_blocks(m, opt.causal),
-                                scale=opt.scale, aux=aux, dq=sq, dk=sk, dv=sv)
-                dqs, dks, dvs = _unsegments(sq, b), _unsegments(sk, b), _unsegments(sv, b)
-            elif sp.kind == "covering":
-                n = qs.shape[2]
-                sends = []
-                for src, kv in zip(sp.cover.srcs, sp.received):  # type: ignore[union-attr, arg-type]
-                    dkv = torch.zeros_like(kv, dtype=torch.float32)
-                    attend_backward(opt.backend, dos, qs, kv[0], kv[1], os_, ls, full_blocks(n, False),
-                                    scale=opt.scale, aux=aux, dq=dqs, dk=dkv[0], dv=dkv[1])
-                    sends.append((src, dkv))
-                back = [torch.empty((2, *dks.shape), dtype=torch.float32, device=q.device)
-                        for _ in sp.cover.dsts]  # type: ignore[union-attr]
-                pending = opt.comm.send_recv(sends, list(zip(sp.cover.dsts, back)))  # type: ignore[union-attr]
-                attend_backward(opt.backend, dos, qs, ks, vs, os_, ls, full_blocks(n, opt.causal),
-                                scale=opt.scale, aux=aux, dq=dqs, dk=dks, dv=dvs)
-                returns.append((sp, sends, back, pending))
+        sel, out, lse = ctx.saved_tensors
+        opt, plan, auxes, received = ctx.meta
+        b, h, n, d = out.shape
+        be = opt.backend
+        # dout and out of every kept entry at once, and their merged LSE
+        od = torch.stack([dout, out]).view(2, b * h * n, d).index_select(1, plan.index)
+        ls = lse.index_select(0, plan.index)
+        grads = torch.zeros((3, b * h * n, d), dtype=torch.float32, device=out.device)
+        parts: list[tuple[slice, torch.Tensor]] = []
+        returns: list[tuple[torch.Tensor, list[torch.Tensor], Pending, list]] = []  # sends kept alive until done
+        for lg, got, aux in zip(plan.long, received, auxes[len(plan.local):]):  # spanning ones first: their
+            qs, ks, vs = sel[:, lg.rows].view(3, b, h, lg.n, d)  # dK/dV travel meanwhile
+            dos, os_ = od[:, lg.rows].view(2, b, h, lg.n, d)
+            lsl = ls[lg.rows].view(b, h, lg.n)
+            acc = torch.empty((3, b, h, lg.n, d), dtype=torch.float32, device=out.device)
+            if lg.kind == "covering":
+                sends, dqs = [], []
+                for src, kv, a in zip(lg.cover.srcs, got, aux[1:]):  # type: ignore[union-attr]
+                    gq, gk, gv = be.backward(rows_in(be, dos), rows_in(be, qs), kv_in(be, kv[0], h),
+                                             kv_in(be, kv[1], h), rows_in(be, os_), lsl, a, False, opt.scale)
+                    dqs.append(gq)
+                    sends.append((src, torch.stack([gk, gv], out=torch.empty_like(acc[1:]))))
+                back = [torch.empty_like(acc[1:]) for _ in lg.cover.dsts]  # type: ignore[union-attr]
+                pending = opt.comm.send_recv(sends, list(zip(lg.cover.dsts, back)))  # type: ignore[union-attr]
+                gq, gk, gv = be.backward(rows_in(be, dos), rows_in(be, qs), kv_in(be, ks, h), kv_in(be, vs, h),
+                                         rows_in(be, os_), lsl, aux[0], opt.causal, opt.scale)
+                torch.stack([gq, gk, gv], out=acc)
+                for gq in dqs:
+                    acc[0] += gq
+                returns.append((acc, back, pending, sends))
             else:
                 kv = _gather_sequence(opt, torch.stack([ks, vs]))
                 dkv = torch.zeros_like(kv, dtype=torch.float32)
-                attend_backward(opt.backend, dos, qs, kv[0], kv[1], os_, ls, _long_blocks(sp.br, local, opt.causal),
-                                scale=opt.scale, aux=aux, dq=dqs, dk=dkv[0], dv=dkv[1])
-                dks, dvs = _scatter_sequence(opt, dkv)
-            for g, part in zip(grads, (dqs, dks, dvs)):
-                g.scatter_add_(2, sp.idx[None, :, :, None].expand_as(part), part)
-        for sp, _, back, pending in returns:  # the dK/dV the later ranks of each segment computed for ours
+                acc[0].zero_()
+                local = spans(opt.placement, opt.comm.rank, opt.comm.size, opt.seq_len)
+                attend_backward(be, dos, qs, kv[0], kv[1], os_, lsl, _long_blocks(lg.br, local, opt.causal),
+                                scale=opt.scale, aux=aux[0], dq=acc[0], dk=dkv[0], dv=dkv[1])
+                acc[1], acc[2] = _scatter_sequence(opt, dkv)
+            parts.append((lg.rows, acc.view(3, -1, d)))
+        for g, aux in zip(plan.local, auxes):
+            x = sel[:, g.rows].view(3, b * g.segments, h, g.m, d)
+            dd = od[:, g.rows].view(2, b * g.segments, h, g.m, d)
+            grad = be.backward(rows_in(be, dd[0]), rows_in(be, x[0]), kv_in(be, x[1], h), kv_in(be, x[2], h),
+                               rows_in(be, dd[1]), ls[g.rows].view(b * g.segments, h, g.m), aux[0], opt.causal,
+                               opt.scale)
+            acc = torch.empty((3, b * g.segments, h, g.m, d), dtype=torch.float32, device=out.device)
+            parts.append((g.rows, torch.stack(grad, out=acc).view(3, -1, d)))
+        for acc, back, pending, _ in returns:  # the dK/dV the later ranks of each segment computed for ours
             pending.wait()
             for dkv in back:
-                idx = sp.idx[None, :, :, None].expand_as(dkv[0])
-                grads[1].scatter_add_(2, idx, dkv[0])
-                grads[2].scatter_add_(2, idx, dkv[1])
-        return grads[0].to(q.dtype), grads[1].to(k.dtype), grads[2].to(v.dtype), None
+                acc[1:] += dkv
+        for rows, part in parts:
+            grads.index_add_(1, plan.index[rows], part)
+        dq, dk, dv = grads.view(3, b, h, n, d).to(out.dtype)
+        return dq, dk, dv, None
 
 
 def _gather_sequence(opt: DilatedOptions, x: torch.Tensor) -> torch.Tensor:

@@ -6,10 +6,13 @@ whole-group gather (impl=ring_naive, allgather) is the comparison. Real gloo gro
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.attention.cases import check_case
 from tests.attention.dilated_ranks import recorded
 from tests.conftest import run_sweepbench
 
@@ -25,6 +28,30 @@ def _case(seq: int, segs: list[int], rates: list[int], *, impl: str = "ring", ca
 def _piece(heads: int, chunk: int, rate: int) -> int:
     """Bytes of one rank's sparse K (and V) of a branch, or of their fp32 gradients."""
     return 2 * B * heads * (chunk // rate) * D * F32
+
+
+class _Ops(TorchDispatchMode):
+    """Counts the aten ops run inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(("rates", "calls"), [([1, 2, 4], 1), ([1, 4, 2], 3)])
+def test_branches_keeping_as_many_tokens_share_one_call(rates: list[int], calls: int) -> None:
+    """One device, 64 tokens, segments 8/16/32: at rates 1/2/4 every branch keeps 8 tokens a
+    segment, so all their segments are one attention call forward and one backward; at 1/4/2 they
+    keep 8, 4 and 16, three calls each. Causal and not, output and dq/dk/dv match the reference."""
+    for causal in (True, False):
+        with _Ops() as mode:
+            assert check_case(0, 1, _case(64, [8, 16, 32], rates, causal=causal)) < 2e-5
+        assert mode.ops["_scaled_dot_product_flash_attention_for_cpu"] == calls
+        assert mode.ops["_scaled_dot_product_flash_attention_for_cpu_backward"] == calls
 
 
 def test_segments_inside_chunks_move_nothing(world4) -> None:
