@@ -166,13 +166,14 @@ class RefitBenchmark(Benchmark):
         floor_plan = make_plan(src, dst, balance=cfg.balance)  # what must cross a link, strategy aside
         probe_bytes = _probe_bytes(cfg, gpu=ctx.device.type == "cuda")
         link = probe_links(nbytes=probe_bytes, device=ctx.device)
-        case_done(f"link probed: {link['link_gbps']:.3g} GB/s", total=2)
+        case_done("one rank: no link to probe" if link["link_gbps"] is None
+                  else f"link probed: {link['link_gbps']:.3g} GB/s", total=2)
         run = time_transfer(src, dst, ctx=ctx, cfg=cfg, strategy=strategy, label="refit", impl=cfg.impl)
         case_done(f"refit {cfg.impl}/{strategy} verified and timed", total=2)
         stats = summarize(run.times_s)
         busiest = max(max(floor_plan.send_bytes.get(r, 0), floor_plan.recv_bytes.get(r, 0))
                       for r in range(ctx.world_size))
-        floor_s = busiest / (link["link_gbps"] * 1e9)  # the faster of NCCL p2p and copy engines
+        floor_s = busiest / (link["link_gbps"] * 1e9) if busiest else 0.0  # the faster of NCCL p2p and copy engines
         case = {
             "impl": cfg.impl, "strategy": strategy, "method": run.method, "balance": cfg.balance,
             "local_allgather": cfg.local_allgather,

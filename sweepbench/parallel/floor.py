@@ -23,6 +23,7 @@ a few percent above 1 is the probe's own noise (the probe is a median of 5 itera
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sweepbench.parallel.plan import Plan
 
@@ -51,7 +52,8 @@ class Floor:
         busiest = max([*send.values(), *recv.values()], default=0)
         return cls(busiest, max(fan.values(), default=0), plan.moved_bytes)
 
-    def seconds(self, link: dict[str, float]) -> tuple[float, str]:
-        p2p = self.busiest_rank_bytes / (link["p2p_gbps"] * 1e9)
-        bcast = self.fanout_recv_bytes / (link["broadcast_gbps"] * 1e9)
+    def seconds(self, link: dict[str, Any]) -> tuple[float, str]:
+        # nothing to move needs no link (a one-rank world has none: its rates are None)
+        p2p = self.busiest_rank_bytes / (link["p2p_gbps"] * 1e9) if self.busiest_rank_bytes else 0.0
+        bcast = self.fanout_recv_bytes / (link["broadcast_gbps"] * 1e9) if self.fanout_recv_bytes else 0.0
         return (bcast, "broadcast") if bcast > p2p else (p2p, "p2p")

@@ -8,6 +8,8 @@ copies instead of NCCL (``ipc``) is held to a floor measured the same way it mov
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -25,14 +27,13 @@ def _ring_step(send: torch.Tensor, recv: torch.Tensor, rank: int, world: int):
     return step
 
 
-def probe_links(*, nbytes: int, device: torch.device, warmup: int = 2, iters: int = 5) -> dict[str, float]:
+def probe_links(*, nbytes: int, device: torch.device, warmup: int = 2, iters: int = 5) -> dict[str, Any]:
     """Per-rank p2p bandwidth (every rank sends ``nbytes`` to the next and receives from the
     previous at once: the ceiling for a rank's ingress and egress) and broadcast bandwidth from
     rank 0, in GB/s (1e9 B/s), checked on known data. Every rank of the default group calls it."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    if world < 2:
-        return {"p2p_gbps": float("inf"), "broadcast_gbps": float("inf"), "link_gbps": float("inf"),
-                "probe_bytes": nbytes}
+    if world < 2:  # one rank has no link: its rates are unknown (null in the record), not infinite
+        return {"p2p_gbps": None, "broadcast_gbps": None, "link_gbps": None, "probe_bytes": nbytes}
     numel = nbytes // 4
     send = torch.full((numel,), float(rank + 1), device=device)
     recv = torch.zeros(numel, device=device)
