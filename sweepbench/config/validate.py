@@ -88,8 +88,12 @@ def _check_positive(cfg: DictConfig) -> None:
         raise ValueError(f"benchmark.warmup={cfg.benchmark.warmup} must be >= 0")
     if not math.isfinite(cfg.launch.timeout_s) or cfg.launch.timeout_s <= 0:
         raise ValueError(f"launch.timeout_s={cfg.launch.timeout_s} must be a finite number of seconds > 0")
+    if cfg.launch.timeout_s > MAX_TIMEOUT_S:  # process groups take it in milliseconds, as a C int
+        raise ValueError(f"launch.timeout_s={cfg.launch.timeout_s:g} is more than {MAX_TIMEOUT_S} s (a week), "
+                         f"the longest a job may take; use 1..{MAX_TIMEOUT_S}")
 
 
+MAX_TIMEOUT_S = 7 * 24 * 3600
 MAX_REPEATS = 1000  # rounds of each job; each is a fresh launch of every job of the grid
 
 

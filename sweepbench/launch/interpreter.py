@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import subprocess
 
 import sweepbench
@@ -31,6 +32,8 @@ print("SWEEPBENCH-PROBE " + json.dumps(out))
 def interpreter_problem(python: str) -> str:
     """Why ranks cannot start with ``python`` ("" when they can)."""
     where = f"launch.python={python}"
+    if os.sep not in python:  # a bare name is looked up on PATH, as the ranks' start does
+        python = shutil.which(python) or python
     if not (os.path.isfile(python) and os.access(python, os.X_OK)):
         return f"{where} is not an executable file; give a Python interpreter (e.g. /path/to/venv/bin/python)"
     try:

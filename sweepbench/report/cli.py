@@ -172,6 +172,10 @@ def main(argv: Sequence[str]) -> int:
     except ValueError as err:  # bad input: one line, exit 2, as everywhere in sweepbench
         print(f"sweepbench: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
+    except OSError as err:  # an output that cannot be written after all (a disk full mid-write): no half file
+        print(f"sweepbench: error: {err.filename or 'an output'} cannot be written: {err.strerror or err}",
+              file=sys.stderr)
+        return 2
 
 
 def maybe_run(argv: Sequence[str] | None = None) -> bool:

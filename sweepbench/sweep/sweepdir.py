@@ -74,6 +74,9 @@ class SweepLock:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        (self.sweep_dir / HOLDER_FILE).unlink(missing_ok=True)
+        try:
+            (self.sweep_dir / HOLDER_FILE).unlink(missing_ok=True)
+        except OSError:  # the directory went read-only: the note stays, the lock (flock) goes all the same
+            pass
         fcntl.flock(self.fd, fcntl.LOCK_UN)
         os.close(self.fd)

@@ -6,6 +6,7 @@ kept ranks with another interpreter."""
 
 from __future__ import annotations
 
+import os
 import stat
 import subprocess
 import sys
@@ -35,6 +36,14 @@ def _refused(tmp_path: Path, args: list[str]) -> str:
 def test_rounds_beyond_the_bound_are_refused(tmp_path: Path, repeats: str) -> None:
     line = _refused(tmp_path, [f"sweep.repeats={repeats}"])
     assert f"sweep.repeats={repeats} is more than 1000 rounds" in line and "use 1..1000" in line
+
+
+@pytest.mark.parametrize("timeout", ["604801", "1e15"])
+def test_a_job_timeout_beyond_a_week_is_refused(tmp_path: Path, timeout: str) -> None:
+    """Process groups take the timeout in milliseconds as a C int: 1e15 s failed every job with an
+    OverflowError in its ranks."""
+    line = _refused(tmp_path, [f"launch.timeout_s={timeout}"])
+    assert f"launch.timeout_s={float(timeout):g} is more than 604800 s (a week)" in line, line
 
 
 @pytest.mark.parametrize("swept, values", [
@@ -95,3 +104,24 @@ def test_kept_ranks_with_another_interpreter_are_refused(tmp_path: Path, interpr
     line = _refused(tmp_path, ["launch.keep_ranks=true", f"launch.python={interpreters['older']}"])
     assert f"launch.keep_ranks=true with launch.python={interpreters['older']}" in line
     assert "only ranks forked from the driver's own interpreter" in line, line
+
+
+def test_an_interpreter_named_bare_is_looked_up_on_path(tmp_path: Path, interpreters: dict[str, Path]) -> None:
+    """``launch.python=NAME`` runs NAME from PATH, as the ranks' start does: found there and able,
+    it is planned; a bare name that names no able interpreter is refused like a path."""
+    from tests.conftest import base_env
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ourpython").symlink_to(sys.executable)
+    _executable(bin_dir / "barepython", f'#!/bin/sh\nexec {interpreters["bare"]} "$@"\n')
+    env = base_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    run = run_sweepbench([*TINY, "parallelism=tp1", "launch.python=ourpython", "sweep.dry_run=true"],
+                         sweep_dir=tmp_path / "plan", env=env)
+    assert run.rc == 0 and "-py=ourpython" in run.stdout, run.describe()
+    run = run_sweepbench([*TINY, "parallelism=tp1", "launch.python=barepython"], sweep_dir=tmp_path / "sweep",
+                         env=env)
+    assert run.rc == 2 and "launch.python=barepython" in run.stderr and "cannot import sweepbench" in run.stderr, \
+        run.describe()
+    assert not (tmp_path / "sweep").exists()
+
