@@ -9,11 +9,12 @@ import functools
 import json
 import os
 import shutil
+import signal
 import subprocess
 
 import sweepbench
 
-PROBE_TIMEOUT_S = 60
+PROBE_TIMEOUT_S = 30
 # run by the interpreter under test: what a rank of it would import, without paying for torch
 _PROBE = """\
 import importlib.util, json, sys
@@ -36,13 +37,22 @@ def interpreter_problem(python: str) -> str:
         python = shutil.which(python) or python
     if not (os.path.isfile(python) and os.access(python, os.X_OK)):
         return f"{where} is not an executable file; give a Python interpreter (e.g. /path/to/venv/bin/python)"
-    try:
-        proc = subprocess.run([python, "-"], input=_PROBE, capture_output=True, text=True, errors="replace",
-                              timeout=PROBE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return f"{where} did not answer within {PROBE_TIMEOUT_S} s when asked to import sweepbench"
+    try:  # in a session of its own, killed whole: nothing the probe started outlives it
+        child = subprocess.Popen([python, "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
     except OSError as err:
         return f"{where} cannot be run ({err.strerror or err}); give a Python interpreter"
+    try:
+        stdout, stderr = child.communicate(_PROBE, timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"{where} did not answer within {PROBE_TIMEOUT_S} s when asked to import sweepbench"
+    finally:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        child.communicate()
+    proc = subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
     found = [line for line in proc.stdout.splitlines() if line.startswith("SWEEPBENCH-PROBE ")]
     if proc.returncode != 0 or not found:
         said = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-2:])[:160]

@@ -66,6 +66,7 @@ DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
     "a_directory": (lambda m: (m.unlink(), m.mkdir()), "not a regular file"),
     "a_fifo": (lambda m: (m.unlink(), os.mkfifo(m)), "not a regular file"),  # reading it would wait forever
     "binary": (lambda m: m.write_bytes(os.urandom(2048)), "cannot be read: "),
+    "deep_nesting": (lambda m: m.write_text("[" * 200_000 + "]" * 200_000), "maximum recursion depth exceeded"),
 }
 
 
@@ -77,6 +78,7 @@ def _no_traceback(proc: subprocess.CompletedProcess) -> None:
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", DAMAGE)
 def test_a_damaged_record_is_one_unreadable_job_and_the_rest_is_reported(sweep: SweepRun, tmp_path: Path,
                                                                            kind: str) -> None:
@@ -92,6 +94,17 @@ def test_a_damaged_record_is_one_unreadable_job_and_the_rest_is_reported(sweep: 
     _no_traceback(proc)
     line = next(line for line in proc.stdout.splitlines() if line.strip().startswith(UNREADABLE))
     assert tag in line and str(damaged / tag / "metrics.json") in line and says in line, proc.stdout
+
+
+@pytest.mark.timeout(120)
+def test_an_env_json_that_is_a_fifo_is_passed_over(sweep: SweepRun, tmp_path: Path) -> None:
+    """Reading a FIFO waits for a writer that never comes: a report used to hang on one."""
+    damaged, tag = _copy(sweep, tmp_path / "damaged")
+    (damaged / tag / "env.json").unlink()
+    os.mkfifo(damaged / tag / "env.json")
+    assert tag not in load_sweep(damaged).envs
+    proc = sweepbench_cli("report", damaged)
+    assert proc.returncode == 0 and "2 of 2 jobs ok" in _page_text(damaged / "report.html"), proc.stderr
 
 
 def test_a_tag_directory_that_cannot_be_read_is_named(sweep: SweepRun, tmp_path: Path) -> None:

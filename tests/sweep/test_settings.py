@@ -10,6 +10,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,20 @@ def test_an_interpreter_named_bare_is_looked_up_on_path(tmp_path: Path, interpre
         run.describe()
     assert not (tmp_path / "sweep").exists()
 
+
+
+def test_an_interpreter_that_hangs_is_refused_and_leaves_no_process(tmp_path: Path, monkeypatch) -> None:
+    """The probe waits PROBE_TIMEOUT_S (here 2 s), then kills the interpreter's whole session: a
+    child it started is gone too (checked by pid)."""
+    from sweepbench.launch import interpreter
+
+    pids = tmp_path / "pids"
+    hangs = _executable(tmp_path / "hangs", f"#!/bin/sh\nsleep 300 &\necho $! > {pids}\nwait\n")
+    monkeypatch.setattr(interpreter, "PROBE_TIMEOUT_S", 2)
+    assert interpreter.interpreter_problem.__wrapped__(str(hangs)) == (
+        f"launch.python={hangs} did not answer within 2 s when asked to import sweepbench")
+    child = int(pids.read_text())
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{child}").exists() or " Z " in Path(f"/proc/{child}/stat").read_text(), child
