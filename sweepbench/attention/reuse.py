@@ -83,6 +83,15 @@ class Entry:
         """{"stats": {backend: stats}, "refused": {backend: why}} as a previous job measured it."""
         return self.meta["t1"] if self.meta else None
 
+    def value(self, name: str) -> Any:
+        """A value a previous job of the sweep stored in this entry with ``put`` (None: none)."""
+        return self.meta.get(name) if self.meta else None
+
+    def put(self, name: str, value: Any) -> None:
+        """Store a value for the sweep's later jobs (an entry of its own key, without a reference)."""
+        self.meta = {"key": self.key, "run": self.run, name: value}
+        write_json_atomic(self.where / "entry.json", self.meta)
+
     def reference(self, device: torch.device) -> list[torch.Tensor] | None:
         if not self.meta:
             return None

@@ -88,7 +88,8 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
     t1_stats = t1["stats"]
     t1_backend = min(t1_stats, key=lambda n: t1_stats[n]["median_s"])
     backend = t1_backend if sdpa_backend == "auto" else sdpa_backend
-    t1_local_s = t1_local(rank, t1_case, world_size=world_size, backend=t1_backend)
+    t1_local_s = t1_local(rank, t1_case, world_size=world_size, backend=t1_backend,
+                          candidates=_candidates(device, dt), fault=t1_fault, device=device, store=store)
     spec = get_impl(impl)
     placement = spec.placement_for(pattern)
     steps = 3 + spec.own_comm  # T1, verified, timed, and the same without communication

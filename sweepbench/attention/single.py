@@ -121,14 +121,10 @@ def t1_and_reference(rank: int, inputs: list["torch.Tensor"], case: T1Case, *, c
     the sweep's store. No backend left fails the job."""
     import torch
 
-    from sweepbench.attention.reuse import software_key
-
     t1, reference, reused = None, None, False
     if rank == 0:
         device = inputs[0].device
-        key = {**{k: v for k, v in asdict(case).items() if k not in ("device", "num_threads")},
-               "candidates": candidates, "fault": fault, **software_key(device)}
-        with store.entry(key) if store else nullcontext() as entry:
+        with store.entry(_t1_key(case, candidates, fault, device)) if store else nullcontext() as entry:
             t1 = entry.t1() if entry else None
             reference = entry.reference(device) if t1 else None
             reused = reference is not None
@@ -143,11 +139,21 @@ def t1_and_reference(rank: int, inputs: list["torch.Tensor"], case: T1Case, *, c
     return t1, reference, reused
 
 
-def t1_local(rank: int, case: T1Case, *, world_size: int, backend: str) -> float | None:
+def _t1_key(case: T1Case, candidates: list[str], fault: str, device: "torch.device") -> dict[str, Any]:
+    """What T1 and the reference of ``case`` depend on: the sweep's store files them by it."""
+    from sweepbench.attention.reuse import software_key
+
+    return {**{k: v for k, v in asdict(case).items() if k not in ("device", "num_threads")},
+            "candidates": candidates, "fault": fault, **software_key(device)}
+
+
+def t1_local(rank: int, case: T1Case, *, world_size: int, backend: str, candidates: list[str], fault: str,
+             device: "torch.device", store: "SweepStore | None") -> float | None:
     """T1 at the per-GPU length (median seconds of one device at ``seq_len // world_size`` with
-    ``backend``, measured in a child as T1 is; on every rank), the base of ``efficiency_local``.
-    None at W=1, for a dilated pattern (its segments are sized for the whole length) and where
-    the backend refuses the shorter sequence."""
+    ``backend``; on every rank), the base of ``efficiency_local``: from the sweep's store where a
+    job of the sweep measured that length (its T1, or this value), else measured in a child as T1
+    is and stored. None at W=1, for a dilated pattern (its segments are sized for the whole
+    length) and where the backend refuses the shorter sequence."""
     import torch
 
     from sweepbench.measure import summarize
@@ -156,8 +162,19 @@ def t1_local(rank: int, case: T1Case, *, world_size: int, backend: str) -> float
         return None
     box: list[float | None] = [None]
     if rank == 0:
-        times, _, _ = probe_backends(replace(case, seq_len=case.seq_len // world_size), [backend])
-        box = [summarize(times[backend])["median_s"] if backend in times else None]
+        local = replace(case, seq_len=case.seq_len // world_size)
+        key = _t1_key(local, candidates, fault, device)
+        with store.entry(key) if store else nullcontext() as entry:  # a job of the sweep at that length
+            t1 = entry.t1() if entry else None
+            box = [t1["stats"][backend]["median_s"] if t1 and backend in t1["stats"] else None]
+        if box[0] is None:
+            with store.entry({**key, "t1_local": backend}) if store else nullcontext() as entry:
+                box = [entry.value("t1_local_s") if entry else None]
+                if box[0] is None:
+                    times, _, _ = probe_backends(local, [backend])
+                    box = [summarize(times[backend])["median_s"] if backend in times else None]
+                    if entry and box[0] is not None:
+                        entry.put("t1_local_s", box[0])
     torch.distributed.broadcast_object_list(box, src=0)
     return box[0]
 

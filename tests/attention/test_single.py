@@ -36,7 +36,7 @@ def test_a_reused_reference_is_what_verification_checks(worlds: Any, tmp_path: P
     world = worlds.get(2)
     assert world.run(run_stored, str(tmp_path)) == [(False, None)] * 2  # measured and stored
     assert world.run(run_stored, str(tmp_path)) == [(True, None)] * 2  # reused, verified
-    [entry] = (tmp_path / ".sweepbench-cache" / "attention").iterdir()
+    [entry] = [e for e in (tmp_path / ".sweepbench-cache" / "attention").iterdir() if (e / "reference.pt").is_file()]
     out, dq, dk, dv = torch.load(entry / "reference.pt")
     torch.save([out, dq + 1.0, dk, dv], entry / "reference.pt")
     results = world.run(run_stored, str(tmp_path))
@@ -70,7 +70,12 @@ def test_t1_and_reference_reused_in_the_sweep_and_remeasured_under_force(tmp_pat
     assert all(c["reference_reused"] == c["t1_reused"] for c in cases.values())
     measured = next(c for c in cases.values() if not c["t1_reused"])
     assert all(c["t1_backends"] == measured["t1_backends"] for c in cases.values())
-    [entry] = (tmp_path / "sweep" / ".sweepbench-cache" / "attention").iterdir()
+    entries = list((tmp_path / "sweep" / ".sweepbench-cache" / "attention").iterdir())
+    [entry] = [e for e in entries if (e / "reference.pt").is_file()]  # T1's; beside it T1 at the per-GPU length
+    [local] = [json.loads((e / "entry.json").read_text()) for e in entries if (e / "entry.json").is_file() and e != entry]
+    assert local["key"]["seq_len"] == 32 and local["key"]["t1_local"] == "cpu_flash"
+    # measured by the first job, reused by the second
+    assert {c["t1_local_s"] for c in cases.values()} == {local["t1_local_s"]}
     meta = json.loads((entry / "entry.json").read_text())
     assert meta["t1"]["stats"]["cpu_flash"]["median_s"] == measured["t1_s"]
     assert meta["key"]["seq_len"] == 64 and meta["key"]["torch"] and (entry / "reference.pt").is_file()
@@ -132,3 +137,28 @@ def test_the_t1_childs_reference_is_its_fastest_backends_output(tmp_path: Path) 
         torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-6)
     # without a place to write it, no child computes one (rank 0 does, as for a single run)
     assert probe_backends(case, candidates[:1])[2] is None
+
+
+def t1_local_from_store(rank: int, world_size: int, sweep_dir: str) -> float | None:
+    """T1 at the per-GPU length (seq 64 over 2 ranks: 32) with rank 0 reading the store of
+    ``sweep_dir``, where rank 0 first files a T1 of 0.125 s for seq 32, as a job at that length would."""
+    import torch
+
+    from sweepbench.attention.reuse import SweepStore
+    from sweepbench.attention.single import T1Case, _t1_key, t1_local
+
+    case = T1Case(1, 2, 2, 64, 8, "float32", "cpu", 0, True, True, "dense", [], 1, torch.get_num_threads())
+    store = SweepStore(Path(sweep_dir), force=False) if rank == 0 else None
+    if store:
+        shorter = T1Case(1, 2, 2, 32, 8, "float32", "cpu", 0, True, True, "dense", [], 1, torch.get_num_threads())
+        with store.entry(_t1_key(shorter, ["cpu_flash"], "", torch.device("cpu"))) as entry:
+            entry.save({"stats": {"cpu_flash": {"median_s": 0.125}}, "refused": {}}, [torch.zeros(1)])
+    return t1_local(rank, case, world_size=world_size, backend="cpu_flash", candidates=["cpu_flash"], fault="",
+                    device=torch.device("cpu"), store=store)
+
+
+def test_t1_at_the_per_gpu_length_is_taken_from_a_job_that_measured_that_length(worlds: Any, tmp_path: Path) -> None:
+    """A sweep's job at length L/W left its T1 in the store: a W-rank job at L takes T1(L/W) from it
+    (efficiency_local's base) rather than timing one device again."""
+    (tmp_path / "multirun.yaml").write_text("{}\n")
+    assert worlds.get(2).run(t1_local_from_store, str(tmp_path)) == [0.125, 0.125]
