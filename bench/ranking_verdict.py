@@ -4,7 +4,7 @@ and group, the winner, the runner-up's ratio, the verdict, its p and, where it d
 why. Writes OUT.json and OUT.md.
 
     PYTHONPATH=$PWD python bench/ranking_verdict.py --runs 3 --work /tmp/ranking_verdict \\
-        --out docs/results/ranking_verdict_attention_cpu
+        --out multirun/ranking_verdict_attention_cpu
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--grid", default="", help=f"the sweep's overrides (default: {' '.join(GRID)})")
     parser.add_argument("--work", type=Path, default=Path("/tmp/ranking_verdict"))
-    parser.add_argument("--out", type=Path, default=Path("docs/results/ranking_verdict_attention_cpu"))
+    parser.add_argument("--out", type=Path, default=Path("multirun/ranking_verdict_attention_cpu"))
     args = parser.parse_args()
     grid = args.grid.split() if args.grid else GRID
     runs = []
