@@ -224,8 +224,10 @@ def _add_rows_without_dirs(path: Path, jobs: list[dict[str, Any]]) -> None:
         if isinstance(tag, str) and tag and tag not in seen:
             seen.add(tag)
             error = row.get("error")
-            status = row.get("status")
-            jobs.append({"tag": tag, "status": status if isinstance(status, str) else "failed",
+            status = row.get("status") if isinstance(row.get("status"), str) else "failed"
+            if status == "ok":  # a job that finished has its record: this one's is gone
+                status, error = "failed", f"results.csv lists it ok, but {path / tag / METRICS_FILE} is missing"
+            jobs.append({"tag": tag, "status": status,
                          "error": error if isinstance(error, str) else None,
                          "benchmark": row.get("benchmark") if isinstance(row.get("benchmark"), str) else None,
                          "config": {}, "results": {}})

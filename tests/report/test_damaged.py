@@ -143,6 +143,19 @@ def test_a_results_csv_that_cannot_be_read_gives_way_to_the_metrics_files(sweep:
     assert proc.returncode == 0 and "1 cases" in proc.stdout and "0 jobs without a twin" in proc.stdout, proc.stdout
 
 
+def test_a_results_csv_row_that_says_ok_without_a_record_is_failed(sweep: SweepRun, tmp_path: Path) -> None:
+    """A row of results.csv stands for a job that left no directory (it never started): one that
+    says ok has lost its record, and is not counted ok."""
+    damaged, _ = _copy(sweep, tmp_path / "damaged")
+    with open(damaged / "results.csv", "a") as f:
+        f.write("ghost-job,ok,,collective\n")
+    ghost = next(j for j in load_sweep(damaged).jobs if j["tag"] == "ghost-job")
+    assert ghost["status"] == "failed"
+    assert ghost["error"] == f"results.csv lists it ok, but {damaged / 'ghost-job' / 'metrics.json'} is missing"
+    proc = sweepbench_cli("report", damaged)
+    assert proc.returncode == 0 and "2 of 3 jobs ok" in _page_text(damaged / "report.html"), proc.stderr
+
+
 def _jobs_file(sweep: SweepRun, tmp_path: Path, change: Callable[[dict[str, Any]], None]) -> Path:
     out = tmp_path / "jobs.json"
     assert sweepbench_cli("report", sweep.sweep_dir, "--save-jobs", out, "-o", tmp_path / "p.html").returncode == 0
