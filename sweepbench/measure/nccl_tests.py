@@ -24,6 +24,7 @@ BINARIES = {"all_reduce": "all_reduce_perf", "all_gather": "all_gather_perf",
             "all_to_all": "alltoall_perf", "send_recv": "sendrecv_perf"}
 NCCL_DTYPES = {"float32": "float", "bfloat16": "bfloat16", "float16": "half"}
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+MAX_OUTPUT_BYTES = 16 << 20  # nccl-tests prints a few KiB; a binary printing more is not it
 BUILD_HINT = "build one with: bench/peers/build_nccl_tests.sh <nccl-tests source dir>"
 
 
@@ -171,23 +172,33 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def _run_binary(cmd: list[str], out_file: Path | None, *, timeout_s: float) -> str:
-    """Run one nccl-tests binary to its end, within ``timeout_s`` (the job's timeout). It runs in a
-    process group of its own, killed whole on the timeout or on any error here, and dies with the
-    rank (PR_SET_PDEATHSIG), so nothing it started outlives the job."""
+    """Run one nccl-tests binary to its end, within ``timeout_s`` (the job's timeout) and
+    ``MAX_OUTPUT_BYTES`` of output (its output goes to files, never piling up in memory). It runs
+    in a process group of its own, killed whole on either limit or on any error here, and dies with
+    the rank (PR_SET_PDEATHSIG), so nothing it started outlives the job."""
+    import tempfile
+    import time
+
     from sweepbench.record.atomic import write_atomic
 
-    proc = subprocess.Popen(cmd, env={**os.environ, "LD_LIBRARY_PATH": library_path()}, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
-                            start_new_session=True, preexec_fn=_die_with_rank(os.getpid()))
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        proc.communicate()
-        raise RuntimeError(f"{' '.join(cmd)} did not finish within launch.timeout_s={timeout_s:g}s; "
-                           f"it was killed (its process group {proc.pid})") from None
-    finally:
-        _kill_group(proc)  # whatever it left behind in its group; and the binary itself on an error here
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, env={**os.environ, "LD_LIBRARY_PATH": library_path()},
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True,
+                                preexec_fn=_die_with_rank(os.getpid()))
+        deadline = time.monotonic() + timeout_s
+        try:
+            while proc.poll() is None:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{' '.join(cmd)} did not finish within launch.timeout_s={timeout_s:g}s; "
+                                       f"it was killed (its process group {proc.pid})")
+                if os.fstat(out.fileno()).st_size + os.fstat(err.fileno()).st_size > MAX_OUTPUT_BYTES:
+                    raise RuntimeError(f"{' '.join(cmd)} printed more than {MAX_OUTPUT_BYTES >> 20} MiB, "
+                                       f"not nccl-tests' result lines; it was killed (its process group {proc.pid})")
+                time.sleep(0.05)
+        finally:
+            _kill_group(proc)  # whatever it left behind in its group; the binary itself on a limit or an error
+            proc.wait()
+        stdout, stderr = (_head(f) for f in (out, err))
     text = stdout + (f"\n# stderr:\n{stderr}" if stderr else "")
     if out_file is not None:
         out_file.parent.mkdir(parents=True, exist_ok=True)
@@ -196,6 +207,11 @@ def _run_binary(cmd: list[str], out_file: Path | None, *, timeout_s: float) -> s
         tail = " | ".join((stderr or stdout).strip().splitlines()[-3:])
         raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}: {tail}")
     return text
+
+
+def _head(f: Any) -> str:
+    f.seek(0)
+    return f.read(MAX_OUTPUT_BYTES).decode(errors="replace")
 
 
 def run_cases(ctx: Any, cfg: Any, grid: list[tuple[str, int]],

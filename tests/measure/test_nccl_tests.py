@@ -292,6 +292,20 @@ def test_a_hung_binary_dies_with_the_rank_that_started_it(tmp_path: Path) -> Non
         rank.kill()
 
 
+def test_a_binary_that_floods_its_output_is_killed_at_the_limit(worlds: Any, tmp_path: Path) -> None:
+    """Output goes to files and is capped (MAX_OUTPUT_BYTES): a binary printing without end is
+    killed there, long before the job's timeout, instead of filling the rank's memory."""
+    from sweepbench.measure.nccl_tests import MAX_OUTPUT_BYTES
+
+    build, pids = tmp_path / "build", tmp_path / "pids"
+    _stand_in(build, f"echo $$ > {pids}.tmp && mv {pids}.tmp {pids}\nexec yes 'not a result line'\n")
+    tic = time.monotonic()
+    r0, r1 = worlds.get(2).run(peer_job, str(build), str(tmp_path / "job"), 120)
+    assert time.monotonic() - tic < 60
+    assert f"printed more than {MAX_OUTPUT_BYTES >> 20} MiB, not nccl-tests' result lines; it was killed" in r0["error"]
+    assert r1["cases"] == [] and not _alive(_pids(pids, 1, within_s=0)[0])
+
+
 @pytest.mark.parametrize("junk", ["text", "numbers", "binary", "zero_time"])
 def test_a_binary_printing_junk_fails_the_job_with_one_clear_error(worlds: Any, tmp_path: Path, junk: str) -> None:
     build = tmp_path / "build"
