@@ -42,11 +42,12 @@ def sweep_group() -> str:
 def run_local(cfg: DictConfig, *, world_size: int, job_dir: Path, record: Record) -> dict[str, Any]:
     """Spawn the job's ranks on this machine (told the backend it gives them: ``job_backend``) and
     record the outcome."""
+    backend = job_backend(cfg, world_size)
     try:
-        ranks_cfg = on_backend(cfg, job_backend(cfg, world_size))
-        outcome = launch_local(ranks_cfg, world_size=world_size, job_dir=job_dir)
+        outcome = launch_local(on_backend(cfg, backend), world_size=world_size, job_dir=job_dir)
     except Exception as err:  # a launch that could not even start is a failed job, not a failed sweep
         outcome = JobOutcome("failed", f"launch: {type(err).__name__}: {err}")
+    outcome.payload.setdefault("backend", backend)  # recorded even where no rank reported
     return record(outcome)
 
 
