@@ -112,8 +112,8 @@ def _compare(args: argparse.Namespace) -> int:
     csv_path, html_path = write_comparison(comparison, baseline, candidate, thresholds, out_dir)
     for job in unreadable:
         print(f"{UNREADABLE:>12}  {job['tag']}  {job['error']}")
-    for row in comparison.rows:
-        if row["verdict"] not in ("unchanged",):
+    for row in comparison.rows:  # an unchanged case only where its ratio is beyond min_change: the noise decided it
+        if row["verdict"] != "unchanged" or _beyond(row.get("ratio"), 1 + thresholds.min_change):
             print(f"{row['verdict']:>12}  {row['candidate_tag']}  {row['case']}  {_row_numbers(row)}")
     counts = ", ".join(f"{v}: {n}" for v, n in comparison.counts())
     print(f"sweepbench compare: {len(comparison.rows)} cases ({counts or 'none'}); "
@@ -130,13 +130,17 @@ def _compare(args: argparse.Namespace) -> int:
 REGRESSION, UNJUDGED, UNDECIDED = 1, 3, 4
 
 
+def _beyond(ratio: float | None, limit: float) -> bool:
+    return ratio is not None and max(ratio, 1 / ratio) > limit
+
+
 def _row_numbers(row: dict[str, Any]) -> str:
     """A row's ratio, interval, p (q), threshold and noise, then its note (why it did not decide)."""
     if row.get("ratio") is None:
         return row.get("note") or ""
     text = f"{row['ratio']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}] p={row['p_value']:.2g}" \
         + (f" q={row['q_value']:.2g}" if row.get("q_value") is not None else "")
-    if row["verdict"] in ("slower", "faster"):  # the others' note opens with their threshold and noise
+    if row["verdict"] in ("slower", "faster", "unchanged"):  # the others' note opens with their threshold and noise
         noise = "between rounds" if row.get("basis") == "rounds" else f"baseline CV {row['baseline_cv']:.2f}"
         return text + f" threshold {row['threshold']:.3f} (noise {row['baseline_noise']:.3f}, {noise})"
     return text + (f": {row['note']}" if row.get("note") else "")
