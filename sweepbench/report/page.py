@@ -119,7 +119,8 @@ def results_table(jobs: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[
         row = [Cell(str(job.get("tag"))), Cell(str(job.get("status")), str(job.get("status")))]
         row += [Cell(fmt(config_value(job, c))) for c in config_cols]
         row.append(Cell(fmt(job.get("world_size")), "num"))
-        row += [Cell(fmt(summary.get(key)), "num") for key in heads.values()]
+        own = {label for _, label in headlines(job)}  # a label holds for the rows it labels only (@512 vs @1024)
+        row += [Cell(fmt(summary.get(key)) if label in own else "", "num") for label, key in heads.items()]
         row += [Cell(fmt(job.get("verified"))), Cell(fmt(job.get("wall_time_s")), "num"),
                 Cell(job.get("error") or "", "error")]
         rows.append(row)

@@ -218,6 +218,24 @@ def test_terminal_summary_cuts_no_number_and_labels_hold(skip_sweep: tuple[Sweep
         assert f"{'0' if value == 0 else format(value, '.4g')} @{_size(run, tag)}" in line, line
 
 
+def test_report_labels_hold_for_their_rows(skip_sweep: tuple[SweepRun, SweepRun]) -> None:
+    """report.html's results table: a job's number sits only under its own size's column."""
+    from sweepbench.report.load import load_sweep
+    from sweepbench.report.page import results_table
+
+    run, _ = skip_sweep
+    jobs = load_sweep(run.sweep_dir).jobs
+    columns, rows = results_table(jobs)
+    sized = {c: c.rsplit("@", 1)[1] for c in columns if "@" in c}
+    assert set(sized.values()) == {"1 KiB", "4 KiB"}
+    for job, row in zip(jobs, rows):
+        cells = dict(zip(columns, (cell.text for cell in row)))
+        if job["status"] != "ok":
+            continue
+        size = _size(run, job["tag"])
+        assert all(bool(cells[c]) == (s == size) for c, s in sized.items()), (job["tag"], cells)
+
+
 # ---------------------------------------------------------------- train memory estimates against CPU peaks
 
 MEMORY_GRID = ["benchmark=train", "model=tiny", "backend=gloo", "parallelism=dp2", "benchmark.dp_shard=ddp,fsdp",
