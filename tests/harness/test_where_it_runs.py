@@ -264,3 +264,19 @@ def test_train_memory_estimate_within_30_percent_of_the_cpu_peak(tmp_path: Path)
         seen[cfg.benchmark.dp_shard] = layout_bytes(shape, plan, lora_rank=0, dp_shard=cfg.benchmark.dp_shard,
                                                     ac="none")
     assert seen["ddp"] > 2 * seen["fsdp"]  # DDP's rank holds the whole model (and a copy of its gradients)
+
+
+def test_a_96_job_dry_run_piped_is_one_whole_line_per_job(tmp_path: Path) -> None:
+    """A dry run of 96 jobs through a pipe at 80 columns: one line per job, each tag whole (a rich
+    table wrapped each tag into a 7-character column, 1,244 lines)."""
+    grid = [*TINY, "parallelism=tp1,tp2,tp4,tp8", "benchmark.max_bytes=1024,2048,4096,8192,16384,32768",
+            "benchmark.warmup=0,1,2,3", "sweep.dry_run=true"]
+    run = run_sweepbench(grid, sweep_dir=tmp_path / "sweep", env=base_env(COLUMNS="80"))
+    assert run.rc == 0, run.describe()
+    lines = _dry_lines(run.stdout)
+    assert len(lines) == 96, run.stdout[-2000:]
+    tags = {tag for tag in lines if re.fullmatch(r"collective-\S+_ws[1248]_[0-9a-f]{8}", tag)}
+    assert len(tags) == 96, sorted(set(lines) - tags)[:5]
+    job_lines = [line for line in run.stdout.splitlines() if line.strip().split(":")[0] in lines]
+    assert len(job_lines) == 96
+    assert not run.sweep_dir.exists()
