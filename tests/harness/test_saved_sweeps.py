@@ -43,7 +43,8 @@ def test_saved_grid_expanded_tagged_and_cli_wins(tmp_path: Path, compose) -> Non
     for tag in expected:
         assert tag in run.stdout, (tag, run.stdout)
     assert "4 jobs" in run.stdout and "_tp2_" not in run.stdout
-    commands = [line.strip() for line in run.stdout.splitlines() if line.strip().startswith("python -m sweepbench")]
+    # a dry run through a pipe: one line per job, "TAG: ...; alone: COMMAND"
+    commands = [line.split("alone: ", 1)[1] for line in run.stdout.splitlines() if "alone: python -m sweepbench" in line]
     assert len(commands) == 4
     assert all("sweep.dry_run" not in c and f"hydra.sweep.dir={sweep_dir}" in c for c in commands)
     assert not sweep_dir.exists()

@@ -302,7 +302,7 @@ def test_local_variant_runs_the_same_path_without_slurm(tmp_path: Path, compose:
     phases = ok["wall_phases_s"]
     # (within two clock ticks: /proc gives a process's start time in ticks of 10 ms)
     assert sum(v for k, v in phases.items() if k != "rest") <= ok["wall_time_s"] + 0.02, (phases, ok["wall_time_s"])
-    assert sum(phases.values()) == pytest.approx(ok["wall_time_s"]), (phases, ok["wall_time_s"])
+    assert sum(phases.values()) == pytest.approx(ok["wall_time_s"], abs=0.02), (phases, ok["wall_time_s"])
     dead = run.metrics(tags["kill"])
     assert dead["status"] == "failed" and "submitit-local job" in dead["error"], dead["error"]
     assert "submitit-local: 2 jobs:" in run.stdout
