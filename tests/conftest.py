@@ -3,6 +3,7 @@ Hydra compose API. Sweeps are few and small; many tests assert on each (session/
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -210,3 +211,24 @@ def main_sweep(tmp_path_factory: pytest.TempPathFactory) -> SweepRun:
 def main_tags(compose: Callable[..., DictConfig]) -> dict[str, list[str]]:
     """tag -> overrides, for each job of the main sweep, as the compose API predicts them."""
     return {planned_tag(compose, *job): job for job in expand_grid(MAIN_GRID)}
+
+
+@contextlib.contextmanager
+def tmpfs(mount: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of ``size`` (mount's -o size=) mounted at ``mount`` for the block (root only)."""
+    mount.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill_disk(filler: Path, *, chunk: int = 65536) -> None:
+    """Write zeros to ``filler`` until its filesystem refuses more (ENOSPC): the disk is then full."""
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * chunk)
+        except OSError:
+            pass

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import TERMINAL, TINY, base_env, processes_with_env, run_sweepbench
+from ..conftest import TERMINAL, TINY, base_env, fill_disk, processes_with_env, run_sweepbench, tmpfs
 
 ONE = [*TINY, "parallelism=tp2"]
 
@@ -164,19 +164,9 @@ def test_bad_output_location_is_one_line_exit_2(tmp_path: Path, case: str) -> No
 
 @pytest.fixture
 def full_disk(tmp_path: Path):
-    mount = tmp_path / "full"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], check=True)
-    try:
-        with open(mount / "filler", "wb", buffering=0) as f:
-            try:
-                while True:
-                    f.write(b"\0" * 4096)
-            except OSError:
-                pass
+    with tmpfs(tmp_path / "full", "256k") as mount:
+        fill_disk(mount / "filler", chunk=4096)
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_full_disk_is_one_line_exit_2(tmp_path: Path, full_disk: Path) -> None:

@@ -17,20 +17,15 @@ from typing import Iterator
 import pandas as pd
 import pytest
 
-from tests.conftest import TINY, base_env, processes_with_env, run_sweepbench
+from tests.conftest import TINY, base_env, fill_disk, processes_with_env, run_sweepbench, tmpfs
 
 GRID = [*TINY, "parallelism=tp1,tp2,dp2"]
 
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], check=True)
-    try:
+    with tmpfs(tmp_path / "disk", "64m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 # when the disk fills: once the first job recorded (the next job's config cannot be saved), or while
@@ -41,12 +36,7 @@ WHEN = {"between_jobs": "*/metrics.json", "while_ranks_run": "*_tp2_*/logs/rank1
 def _fill_once(sweep_dir: Path, pattern: str, filler: Path, stop: threading.Event) -> None:
     while not stop.is_set() and not list(sweep_dir.glob(pattern)):
         time.sleep(0.02)
-    with open(filler, "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-        except OSError:
-            pass
+    fill_disk(filler)
 
 
 @pytest.mark.parametrize("when", WHEN)
@@ -134,12 +124,7 @@ def test_an_output_on_a_full_disk_is_one_line(small_disk: Path, tmp_path: Path, 
     sweep = tmp_path / "sweep"  # a sweep directory that does not need its jobs run: one job that left no record
     (sweep / "collective-x" / ".hydra").mkdir(parents=True)
     (sweep / "results.csv").write_text("tag,status,error\ncollective-x,failed,boom\n")
-    with open(small_disk / "filler", "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-        except OSError:
-            pass
+    fill_disk(small_disk / "filler")
     target = {"report": ["report", sweep, "-o", small_disk / "r.html"],
               "compare": ["compare", sweep, sweep, "-o", small_disk / "cmp"],
               "save_jobs": ["report", sweep, "-o", tmp_path / "r.html", "--save-jobs", small_disk / "j.json"]}[command]
