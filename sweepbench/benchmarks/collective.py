@@ -20,7 +20,7 @@ from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, Pag
 from sweepbench.benchmarks.registry import register
 from sweepbench.config.schema import BenchmarkConfig
 from sweepbench.core import VerificationError
-from sweepbench.measure.collective_impls import ALL_OPS, DTYPE_BYTES, get_impl
+from sweepbench.measure.collective_impls import ALL_OPS, DTYPE_BYTES, IMPLS, get_impl
 from sweepbench.report.units import format_bytes
 
 
@@ -34,7 +34,8 @@ class CollectiveConfig(BenchmarkConfig):
     dtype: str = "float32"
     # ops one timed sample runs back to back (nccl-tests -n); 0 = measure.timing's rule for short ops (20)
     ops_per_sample: int = 0
-    impl: str = "torch"  # who runs the cases: torch | nccl_tests (sweep: benchmark.impl=torch,nccl_tests)
+    # who runs the cases: torch | torch_graph (CUDA graphs) | nccl_tests | nccl_tests_graph (nccl-tests -G 1)
+    impl: str = "torch"
     nccl_tests_dir: str = ""  # impl=nccl_tests: the build directory holding all_reduce_perf, ... (nccl-tests' build/)
 
 
@@ -56,11 +57,13 @@ def _page_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _page_derive(rows: list[dict[str, Any]], pool: list[dict[str, Any]]) -> None:
-    """nccl-tests' busbw beside each row, from the same run, and the ratio to it."""
-    nccl = {(r["run"], r["world_size"], r["op"], r["size_bytes"]): r for r in pool if r["impl"] == "nccl_tests"}
+    """nccl-tests' busbw beside each row, timed the same way (eager against nccl-tests as it runs by
+    default, graph-captured against nccl-tests -G) in the same run, and the ratio to it."""
+    by_case = {(r["impl"], r["run"], r["world_size"], r["op"], r["size_bytes"]): r for r in pool}
     for r in rows:
-        ref = nccl.get((r["run"], r["world_size"], r["op"], r["size_bytes"]))
-        if ref and r["impl"] != "nccl_tests" and r.get("busbw_gbps"):
+        impl = IMPLS.get(r["impl"])
+        ref = by_case.get((impl.reference, r["run"], r["world_size"], r["op"], r["size_bytes"])) if impl else None
+        if ref and r.get("busbw_gbps"):
             ratio = float(r["busbw_gbps"]) / float(ref["busbw_gbps"])
             r.update(nccl_tests_busbw_gbps=ref["busbw_gbps"], ratio=ratio, meets_target=abs(ratio - 1) <= 0.05)
 
@@ -97,8 +100,9 @@ class CollectiveBenchmark(Benchmark):
             derive=_page_derive,
             notes=("`busbw_gbps`: bus bandwidth as nccl-tests defines it (GB/s = 1e9 B/s), from the slowest "
                    "rank's median time.",
-                   "`ratio`: busbw over nccl-tests' busbw for the same op and size, measured in the same run "
-                   "(nccl-tests as it runs by default, without CUDA graphs); `meets_target`: within ±5%."))
+                   "`ratio`: busbw over nccl-tests' busbw for the same op and size, measured in the same run, "
+                   "timed the same way: `torch` against nccl-tests as it runs by default, `torch_graph` against "
+                   "nccl-tests with CUDA graphs (`-G 1`); `meets_target`: within ±5%."))
 
     @classmethod
     def headline(cls, cfg: DictConfig) -> list[Headline]:

@@ -28,6 +28,8 @@ class CollectiveImpl:
     summary: str
     # (job config, world size) -> None; ValueError (one line) where this impl cannot run the job
     check: Callable[[Any, int], None] = _runs_anywhere
+    # the peer impl that times the same way of calling (graphs against graphs), its page reference
+    reference: str = ""
 
     def load(self) -> Callable[..., dict[str, Any]]:
         module, _, attr = self.entry.partition(":")
@@ -56,7 +58,7 @@ def _check_nccl_tests(cfg: Any, world_size: int) -> None:
 
 
 register("torch", CollectiveImpl("sweepbench.measure.collectives:run_torch",
-                                 "torch.distributed on every rank, timed by sweepbench"))
+                                 "torch.distributed on every rank, timed by sweepbench", reference="nccl_tests"))
 def _check_cuda(cfg: Any, world_size: int) -> None:
     from sweepbench.config.validate import GPU_BACKENDS, resolve_backend
     from sweepbench.core import NotOnThisMachine
@@ -70,7 +72,11 @@ def _check_cuda(cfg: Any, world_size: int) -> None:
 register("torch_graph", CollectiveImpl("sweepbench.measure.collectives:run_torch_graph",
                                        "torch.distributed, each sample's calls captured once as a CUDA graph and "
                                        "replayed (no host cost per call: nccl-tests -G); CUDA only",
-                                       check=_check_cuda))
+                                       check=_check_cuda, reference="nccl_tests_graph"))
 register("nccl_tests", CollectiveImpl("sweepbench.measure.nccl_tests:run_cases",
                                       "NVIDIA's nccl-tests binaries (benchmark.nccl_tests_dir), one process "
                                       "driving every GPU of the node", check=_check_nccl_tests))
+register("nccl_tests_graph", CollectiveImpl("sweepbench.measure.nccl_tests:run_cases_graph",
+                                            "nccl_tests with CUDA graphs (-G 1): each sample's calls captured as "
+                                            "one graph, launched once (what torch_graph times)",
+                                            check=_check_nccl_tests))

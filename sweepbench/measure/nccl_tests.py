@@ -7,7 +7,11 @@ sizes, while the other ranks wait on a CPU (gloo) barrier, so nothing of theirs 
 The binary gets the job's sizes (``-b -e -f``), dtype, warm-up (``-w``), ops per sample (``-n``)
 and samples (``-N``: each cycle prints one line per size) and checks every result (``-c 1``: its
 ``#wrong`` column must be 0). Of the out-of-place and in-place columns, the out-of-place ones are
-kept (sweepbench's torch implementation is out-of-place for every op but all_reduce)."""
+kept (sweepbench's torch implementation is out-of-place for every op but all_reduce).
+
+``nccl_tests_graph`` runs the same binaries with ``-G 1``: each sample's ``-n`` calls are captured
+once as a CUDA graph and the graph launched once, timed by the same host timer: nccl-tests' own
+form of what ``torch_graph`` times, so that each pair compares the same way of calling."""
 
 from __future__ import annotations
 
@@ -56,11 +60,12 @@ def check_build(cfg: Any, world_size: int) -> None:
                          f"launch.ranks_per_node={cfg.launch.ranks_per_node} splits the job: use 0 or {world_size}")
 
 
-def command(binary: Path, *, world_size: int, cfg: Any, ops_per_sample: int) -> list[str]:
-    """The nccl-tests command line for the job's sizes, dtype, warm-up, samples and ops per sample."""
+def command(binary: Path, *, world_size: int, cfg: Any, ops_per_sample: int, graph: bool = False) -> list[str]:
+    """The nccl-tests command line for the job's sizes, dtype, warm-up, samples and ops per sample;
+    with ``graph``, ``-G 1``: the ``-n`` calls of a sample captured as one CUDA graph, launched once."""
     return [str(binary), "-g", str(world_size), "-b", str(cfg.min_bytes), "-e", str(cfg.max_bytes),
             "-f", str(cfg.step_factor), "-d", NCCL_DTYPES[cfg.dtype], "-w", str(cfg.warmup),
-            "-n", str(ops_per_sample), "-N", str(cfg.iters), "-c", "1"]
+            "-n", str(ops_per_sample), "-N", str(cfg.iters), "-c", "1", *(["-G", "1"] if graph else [])]
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,7 @@ def header(text: str) -> dict[str, str]:
 
 
 def cases_from_rows(op: str, rows: list[Row], *, sizes: list[int], world_size: int, cfg: Any,
-                    ops_per_sample: int, busbw_factor: float) -> list[dict[str, Any]]:
+                    ops_per_sample: int, busbw_factor: float, impl: str = "nccl_tests") -> list[dict[str, Any]]:
     """One case per size, its samples the ``-N`` cycles' times; Mismatch where nccl-tests counted
     wrong elements or did not check, ValueError where a size's lines are missing."""
     from sweepbench.measure.collectives import Mismatch
@@ -125,7 +130,7 @@ def cases_from_rows(op: str, rows: list[Row], *, sizes: list[int], world_size: i
         times = [row.time_us / 1e6 for row in mine]
         stats = summarize(times)
         algbw = size / stats["median_s"] / 1e9
-        cases.append({"op": op, "size_bytes": size, "dtype": cfg.dtype, "impl": "nccl_tests", "times_s": times,
+        cases.append({"op": op, "size_bytes": size, "dtype": cfg.dtype, "impl": impl, "times_s": times,
                       **stats, "warmup": cfg.warmup, "iters": cfg.iters, "ops_per_sample": ops_per_sample,
                       "algbw_gbps": algbw, "busbw_gbps": algbw * busbw_factor,
                       "nccl_tests_busbw_gbps": summarize([row.busbw_gbps for row in mine])["median_s"]})
@@ -214,8 +219,14 @@ def _head(f: Any) -> str:
     return f.read(MAX_OUTPUT_BYTES).decode(errors="replace")
 
 
+def run_cases_graph(ctx: Any, cfg: Any, grid: list[tuple[str, int]],
+                    on_case: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """The ``nccl_tests_graph`` implementation: ``run_cases`` with nccl-tests' CUDA graphs (``-G 1``)."""
+    return run_cases(ctx, cfg, grid, on_case, graph=True)
+
+
 def run_cases(ctx: Any, cfg: Any, grid: list[tuple[str, int]],
-              on_case: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+              on_case: Callable[[dict[str, Any]], None], *, graph: bool = False) -> dict[str, Any]:
     """Rank 0 runs nccl-tests once per op; the other ranks wait on a gloo barrier (off the GPUs)."""
     import torch.distributed as dist
 
@@ -234,12 +245,13 @@ def run_cases(ctx: Any, cfg: Any, grid: list[tuple[str, int]],
             for op in dict.fromkeys(op for op, _ in grid):
                 sizes = [size for o, size in grid if o == op]
                 cmd = command(Path(cfg.nccl_tests_dir).expanduser().resolve() / BINARIES[op], world_size=n,
-                              cfg=cfg, ops_per_sample=k)
+                              cfg=cfg, ops_per_sample=k, graph=graph)
                 out = ctx.job_dir / "nccl_tests" / f"{op}.txt" if ctx.job_dir else None
                 text = _run_binary(cmd, out, timeout_s=ctx.cfg.launch.timeout_s)
                 runs[op] = {"command": " ".join(cmd), **header(text)}
                 for case in cases_from_rows(op, parse_output(text), sizes=sizes, world_size=n, cfg=cfg,
-                                            ops_per_sample=k, busbw_factor=OPS[op].busbw_factor(n)):
+                                            ops_per_sample=k, busbw_factor=OPS[op].busbw_factor(n),
+                                            impl="nccl_tests_graph" if graph else "nccl_tests"):
                     cases.append(case)
                     on_case(case)
         except BaseException as err:  # noqa: BLE001 - raised after the others are released
@@ -249,6 +261,7 @@ def run_cases(ctx: Any, cfg: Any, grid: list[tuple[str, int]],
         raise failure
     sampling = {"ops_per_sample": k, "samples": cfg.iters, "warmup_calls": cfg.warmup,
                 "timer": "nccl-tests' host timer around -n back-to-back ops (one process, all GPUs)",
-                "sample": f"time of {k} back-to-back calls / {k} (nccl-tests -n {k}), one -N cycle",
+                "sample": (f"time of one launch of a CUDA graph of {k} calls / {k} (nccl-tests -n {k} -G 1), one -N "
+                           "cycle") if graph else f"time of {k} back-to-back calls / {k} (nccl-tests -n {k}), one -N cycle",
                 "runs": runs}
     return {"cases": cases, "sampling": sampling}

@@ -132,6 +132,24 @@ def test_command_passes_the_job_settings() -> None:
     cmd = command(Path("/x/all_gather_perf"), world_size=4, cfg=_cfg(iters=10, dtype="bfloat16"), ops_per_sample=20)
     assert cmd == ["/x/all_gather_perf", "-g", "4", "-b", str(1 << 20), "-e", str(1 << 30), "-f", "4",
                    "-d", "bfloat16", "-w", "5", "-n", "20", "-N", "10", "-c", "1"]
+    graph = command(Path("/x/all_gather_perf"), world_size=4, cfg=_cfg(iters=10, dtype="bfloat16"), ops_per_sample=20,
+                    graph=True)
+    assert graph == [*cmd, "-G", "1"]
+
+
+def test_each_impl_is_paired_on_the_page_with_the_peer_timed_the_same_way() -> None:
+    from sweepbench.benchmarks.collective import _page_derive
+
+    def row(impl: str, busbw: float, run: str = "r1") -> dict[str, Any]:
+        return {"impl": impl, "run": run, "world_size": 4, "op": "all_reduce", "size_bytes": 1 << 20,
+                "busbw_gbps": busbw}
+    rows = [row("torch", 90.0), row("torch_graph", 120.0), row("nccl_tests", 100.0), row("nccl_tests_graph", 125.0),
+            row("torch", 50.0, run="r2")]
+    _page_derive(rows, rows)
+    eager, graph, _, _, other_run = rows
+    assert eager["nccl_tests_busbw_gbps"] == 100.0 and eager["ratio"] == 0.9 and not eager["meets_target"]
+    assert graph["nccl_tests_busbw_gbps"] == 125.0 and graph["ratio"] == 0.96 and graph["meets_target"]
+    assert "ratio" not in rows[2] and "ratio" not in rows[3] and "ratio" not in other_run  # no peer in run r2
 
 
 # ---------------------------------------------------------------- a bad build, through the CLI
@@ -181,11 +199,12 @@ def test_a_complete_build_needs_gpus(tmp_path: Path) -> None:
 # records its arguments: what runs is sweepbench's side (who launches, who waits, what is kept).
 
 
-def peer_job(rank: int, world_size: int, build: str, job_dir: str, timeout_s: float = 60) -> dict[str, Any]:
+def peer_job(rank: int, world_size: int, build: str, job_dir: str, timeout_s: float = 60,
+             graph: bool = False) -> dict[str, Any]:
     import torch
 
     from sweepbench.core import RankContext
-    from sweepbench.measure.nccl_tests import run_cases
+    from sweepbench.measure.nccl_tests import run_cases, run_cases_graph
 
     cfg = OmegaConf.create({"launch": {"timeout_s": timeout_s}, "benchmark": {
         **_cfg(max_bytes=64 << 20), "ops": ["all_reduce"], "nccl_tests_dir": build}})
@@ -194,7 +213,7 @@ def peer_job(rank: int, world_size: int, build: str, job_dir: str, timeout_s: fl
     seen: list[dict[str, Any]] = []
     grid = [("all_reduce", s) for s in (1 << 20, 4 << 20, 16 << 20, 64 << 20)]
     try:
-        done = run_cases(ctx, cfg.benchmark, grid, seen.append)
+        done = (run_cases_graph if graph else run_cases)(ctx, cfg.benchmark, grid, seen.append)
     except (RuntimeError, ValueError) as err:
         return {"error": f"{type(err).__name__}: {err}"}
     return {**done, "seen": len(seen)}
@@ -222,6 +241,15 @@ def test_rank_0_runs_the_binary_and_the_others_wait(worlds: Any, tmp_path: Path)
     kept = (tmp_path / "job" / "nccl_tests" / "all_reduce.txt").read_text()  # the raw output, with its command
     assert kept.splitlines()[0].endswith("all_reduce_perf -g 2 -b 1048576 -e 67108864 -f 4 -d float -w 5 -n 20 -N 1 -c 1")
     assert (DATA / "all_reduce.txt").read_text() in kept
+
+
+def test_the_graph_peer_passes_minus_G_and_names_its_cases(worlds: Any, tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    _stand_in(build, f'echo "$@" > {tmp_path}/argv\ncat {DATA}/all_reduce.txt\n')
+    r0, r1 = worlds.get(2).run(peer_job, str(build), str(tmp_path / "job"), 60, True)
+    assert r1["cases"] == [] and (tmp_path / "argv").read_text().split()[-2:] == ["-G", "1"]
+    assert {c["impl"] for c in r0["cases"]} == {"nccl_tests_graph"} and r0["seen"] == 4
+    assert "-G 1" in r0["sampling"]["sample"] and "-G 1" in r0["sampling"]["runs"]["all_reduce"]["command"]
 
 
 def test_a_failing_binary_fails_rank_0_and_releases_the_others(worlds: Any, tmp_path: Path) -> None:
@@ -342,7 +370,7 @@ def test_the_plot_has_a_line_per_impl() -> None:
 def test_an_unknown_impl_is_refused_with_the_valid_ones(compose: Any) -> None:
     from sweepbench.launch.preflight import validate
 
-    with pytest.raises(ValueError, match=r"^benchmark.impl='nccl'; valid: nccl_tests, torch, torch_graph$"):
+    with pytest.raises(ValueError, match=r"^benchmark.impl='nccl'; valid: nccl_tests, nccl_tests_graph, torch, torch_graph$"):
         validate(compose("parallelism=tp2", "benchmark.impl=nccl"))
     assert validate(compose("parallelism=tp2", "benchmark.impl=torch")) == 2
 
