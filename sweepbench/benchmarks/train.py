@@ -31,9 +31,12 @@ class TrainConfig(BenchmarkConfig):
     compile: bool = False  # torch.compile each block
     fused_adamw: bool = True
     lr: float = 1e-3
-    precision: str = "auto"  # fp32 | bf16 (bf16 weights) | mixed (fp32 master + bf16 compute) | auto
+    precision: str = "auto"  # fp32 | bf16 (bf16 weights) | mixed (fp32 master + bf16 compute) | fp8 | auto
+    fp8_recipe: str = "tensorwise"  # precision=fp8: torchao's float8 scaling, tensorwise | rowwise
+    tp_sp: bool = True  # tp: sequence parallel (norms on sequence shards, Shard(1) between blocks)
+    async_tp: bool = False  # tp: overlap TP's collectives with matmuls (inductor + symmetric memory)
     dp_shard: str = "fsdp"  # how dp (and cp) ranks hold the weights: fsdp (FSDP2) | ddp
-    pp_schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b
+    pp_schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b | interleaved_zb | zbv (train/pipeline.py)
     cp_impl: str = "ring"  # the attention engine's context-parallel kernel
     lora_rank: int = 0  # 0 = full fine-tune; r > 0 = LoRA on wq/wk/wv/wo, base frozen
     lora_alpha: float = 16.0
@@ -93,11 +96,13 @@ class TrainBenchmark(Benchmark):
     def validate(cls, cfg: DictConfig) -> None:
         from sweepbench.config.validate import device_type
         from sweepbench.train.context import check_cp
-        from sweepbench.train.plan import check_plan
+        from sweepbench.train.plan import check_device, check_plan
 
         plan = check_plan(cfg)
         device = device_type(cfg)
         check_cp(cfg, plan, device)
+        if why := check_device(cfg, plan, device):
+            raise NotOnThisMachine(why)
         if cfg.benchmark.compile and plan.tp > 1 and device == "cpu":
             # torch 2.13 on CPU: a DTensor redistribute's backward gets a plain tensor from a
             # compiled block ('Tensor' object has no attribute '_local_tensor')
@@ -161,6 +166,11 @@ class TrainBenchmark(Benchmark):
             "seq_len": plan.seq_len, "global_batch": plan.global_batch, "micro_batch": plan.micro_batch,
             "grad_accum": plan.num_micro, "precision": plan.precision, "ac": b.ac, "compile": b.compile,
             "dp_shard": b.dp_shard, "lora_rank": b.lora_rank, "verify_layers": r["verify_layers"],
+            "tp_sp": b.tp_sp if plan.tp > 1 else None, "async_tp": b.async_tp if plan.tp > 1 else None,
+            "fp8_recipe": b.fp8_recipe if plan.precision == "fp8" else None,
+            "pp_schedule": b.pp_schedule if plan.pp > 1 else None,
+            "pp_bubble": r["pp_bubble"]["analytic"] if plan.pp > 1 else None,
+            "pp_bubble_schedule": r["pp_bubble"]["schedule"],
             "tokens_per_s": r["tokens_per_s"], "tokens_per_s_per_gpu": r["tokens_per_s"] / ctx.world_size,
             "mfu_pct": 100 * mfu, "fraction_of_ceiling": r["achieved_flops"] / r["ceiling_flops"],
             "achieved_tflops_per_gpu": r["achieved_flops"] / 1e12, "ceiling_tflops": r["ceiling_flops"] / 1e12,
@@ -180,7 +190,9 @@ class TrainBenchmark(Benchmark):
                 "tokens_per_step": plan.tokens_per_step, "global_batch": plan.global_batch,
                 "micro_batch": plan.micro_batch, "grad_accum": plan.num_micro, "seq_len": plan.seq_len,
                 "precision": plan.precision, "tokens_per_s": r["tokens_per_s"], "mfu_pct": 100 * mfu}
-        basis = (f"bf16 dense peak of {r['device_name']} ({r['peak_flops'] / 1e12:.0f} TFLOP/s, table)" if on_peak
+        peak_kind = "fp8" if plan.precision == "fp8" else "bf16"
+        basis = (f"{peak_kind} dense peak of {r['device_name']} ({r['peak_flops'] / 1e12:.0f} TFLOP/s, table)"
+                 if on_peak
                  else f"no peak is tabled for {r['device_name']}: MFU is taken against the matmul ceiling "
                       f"measured in this job ({r['ceiling_flops'] / 1e12:.3g} TFLOP/s)")
         extra = {

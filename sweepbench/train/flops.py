@@ -1,8 +1,9 @@
 """The compute limits a training step is measured against.
 
 Two of them: the bf16 dense peak of the GPU from a table keyed by its name (what MFU divides by,
-as torchtitan does), and a matmul ceiling measured by the job itself on its own devices before it
-trains (the most a large matmul reaches there, the "limit measured in the same job"). On a CPU the
+as torchtitan does; the fp8 dense peak where the job trains in fp8), and a matmul ceiling
+measured by the job itself on its own devices before it trains (the most a large matmul reaches
+there, the "limit measured in the same job"). On a CPU the
 table has no entry: MFU is taken against the measured ceiling, and the job says so."""
 
 from __future__ import annotations
@@ -26,6 +27,28 @@ BF16_PEAK_FLOPS: tuple[tuple[str, float], ...] = (
 )
 
 
+# fp8 dense peak FLOP/s, same keys (no entry: the GPU has no float8 tensor cores, or none is tabled)
+FP8_PEAK_FLOPS: tuple[tuple[str, float], ...] = (
+    ("H100 PCIe", 1513e12),
+    ("H100", 1979e12),
+    ("H200", 1979e12),
+    ("H20", 296e12),
+    ("B200", 4500e12),
+    ("GB200", 5000e12),
+    ("L40S", 733e12),
+)
+
+
+def dense_peak(device: torch.device, precision: str) -> tuple[float | None, str]:
+    """(the dense peak FLOP/s of the precision's matmuls, or None, the device's name): fp8's for
+    precision=fp8, bf16's otherwise (fp32 and mixed are measured against bf16, as torchtitan does)."""
+    if device.type != "cuda":
+        return None, "cpu"
+    name = torch.cuda.get_device_name(device)
+    table = FP8_PEAK_FLOPS if precision == "fp8" else BF16_PEAK_FLOPS
+    return next((peak for key, peak in table if key in name), None), name
+
+
 def bf16_peak(device: torch.device) -> tuple[float | None, str]:
     """(peak FLOP/s or None, the device's name)."""
     if device.type != "cuda":
@@ -42,9 +65,22 @@ def _matmul_flops(n: int, dtype: torch.dtype, device: torch.device, warmup: int,
     return 2 * n ** 3 / stats["min_s"]  # the best iteration of the slowest rank
 
 
-def matmul_ceiling(device: torch.device, dtype: torch.dtype, *, warmup: int = 3, iters: int = 10) -> float:
-    """FLOP/s of an n x n x n matmul on each rank at once: bf16 8192^3 on a GPU; on a CPU 512^3,
+def _fp8_matmul_flops(n: int, device: torch.device, warmup: int, iters: int) -> float:
+    a = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device=device).to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm wants
+    one = torch.ones((), device=device)
+    stats = summarize(time_iterations(lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16),
+                                      warmup=warmup, iters=iters, device=device))
+    return 2 * n ** 3 / stats["min_s"]
+
+
+def matmul_ceiling(device: torch.device, dtype: torch.dtype, *, warmup: int = 3, iters: int = 10,
+                   fp8: bool = False) -> float:
+    """FLOP/s of an n x n x n matmul on each rank at once: bf16 8192^3 on a GPU (float8 with ``fp8``,
+    through torch._scaled_mm); on a CPU 512^3,
     the faster of fp32 and the training dtype (a CPU's bf16 matmul can be slower than its fp32)."""
+    if device.type == "cuda" and fp8:  # float8 linears: what a float8 matmul reaches
+        return _fp8_matmul_flops(8192, device, warmup, iters)
     if device.type == "cuda":
         return _matmul_flops(8192, torch.bfloat16, device, warmup, iters)
     return max(_matmul_flops(512, dt, device, warmup, iters) for dt in dict.fromkeys((torch.float32, dtype)))  # same order on every rank

@@ -1,15 +1,22 @@
-"""Layouts applied to one model (or one pipeline stage), in torchtitan's order: tensor parallel
-(with sequence parallel), then activation checkpointing, then compile, then the weights are
-materialised, then FSDP2 (or DDP) over the data-parallel ranks.
+"""Layouts applied to one model (or one pipeline stage), in torchtitan's order: float8 linears,
+tensor parallel (with or without sequence parallel), then activation checkpointing, then compile,
+then the weights are materialised, then FSDP2 (or DDP) over the data-parallel ranks.
 
-TP: the embedding is row-parallel and hands out sequence shards; norms run on sequence shards
-(SequenceParallel); attention and the MLP gather the sequence, run column-parallel in
-projections (each rank holds whole heads) and row-parallel out projections that reduce-scatter
-back to sequence shards; the output projection gathers the sequence and the logits (Replicate),
-so the loss is the same plain cross-entropy on every TP rank."""
+TP with sequence parallel (the default): the embedding is row-parallel and hands out sequence
+shards; norms run on sequence shards (SequenceParallel); attention and the MLP gather the
+sequence, run column-parallel in projections (each rank holds whole heads) and row-parallel out
+projections that reduce-scatter back to sequence shards; the output projection gathers the
+sequence and the logits (Replicate), so the loss is the same plain cross-entropy on every TP rank.
+Without it (``sequence_parallel=False``) the activations between blocks are whole on every TP
+rank, norms run on all of it, and each row-parallel projection all-reduces.
+
+Async TP: inductor's micro-pipeline pass splits each all-gather/reduce-scatter of a compiled
+block into chunks over symmetric memory and overlaps them with the matmuls next to them; it
+needs sequence parallel (the collectives it overlaps) and compiled blocks."""
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from functools import partial
 
@@ -21,29 +28,81 @@ from torch.distributed.tensor import Replicate, Shard
 from sweepbench.train.model import Transformer
 
 
-def apply_tp(model: Transformer, mesh: DeviceMesh) -> None:
+def _tp_plan(*, sequence_parallel: bool) -> tuple[dict, dict]:
+    """(the plan of the model's top modules, the plan of each block)."""
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel, parallelize_module)
+                                                   SequenceParallel)
 
-    top = {}
-    if model.tok_embeddings is not None:
-        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
-    if model.norm is not None:
-        top["norm"] = SequenceParallel()
-        top["output"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
-    parallelize_module(model, mesh, top)
+    if not sequence_parallel:
+        top = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+               "output": ColwiseParallel(output_layouts=Replicate())}
+        block = {"attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
+                 "attention.wv": ColwiseParallel(), "attention.wo": RowwiseParallel(),
+                 "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+                 "feed_forward.w2": RowwiseParallel()}
+        return top, block
+    top = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+           "norm": SequenceParallel(),
+           "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())}
+    block = {
+        "attention_norm": SequenceParallel(),
+        "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                        desired_input_layouts=(Replicate(), None, None)),
+        "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(), "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+    }
+    return top, block
+
+
+def apply_tp(model: Transformer, mesh: DeviceMesh, *, sequence_parallel: bool = True,
+             async_tp: bool = False) -> None:
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    top_plan, block_plan = _tp_plan(sequence_parallel=sequence_parallel)
+    # a pipeline stage holds only some of the top modules
+    parallelize_module(model, mesh, {k: v for k, v in top_plan.items() if getattr(model, k) is not None})
     for block in model.layers.values():
-        parallelize_module(block, mesh, {
-            "attention_norm": SequenceParallel(),
-            "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
-                                            desired_input_layouts=(Replicate(), None, None)),
-            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(), "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-            "ffn_norm": SequenceParallel(),
-            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-        })
+        parallelize_module(block, mesh, block_plan)
+        if not sequence_parallel:
+            _replicate(block.attention_norm, mesh)
+            _replicate(block.ffn_norm, mesh)
+    if not sequence_parallel and model.norm is not None:
+        _replicate(model.norm, mesh)
+    if async_tp:
+        maybe_enable_async_tp(mesh)
+
+
+def _replicate(module: nn.Module, mesh: DeviceMesh) -> None:
+    """Without sequence parallel a norm runs on the whole activation on every TP rank: its weight
+    becomes a replicated DTensor (so the optimizer steps DTensors only), inputs and outputs stay
+    plain local tensors."""
+    from torch.distributed.tensor import DTensor, distribute_module
+
+    def to_dtensor(_mod: nn.Module, inputs: tuple, device_mesh: DeviceMesh) -> tuple:
+        return tuple(DTensor.from_local(x, device_mesh, [Replicate()], run_check=False) for x in inputs)
+
+    def to_local(_mod: nn.Module, output: DTensor, _mesh: DeviceMesh) -> torch.Tensor:
+        return output.to_local()
+
+    distribute_module(module, mesh, input_fn=to_dtensor, output_fn=to_local)
+
+
+def maybe_enable_async_tp(mesh: DeviceMesh) -> None:
+    """Turn on inductor's micro-pipelined TP for the blocks compiled from here on, over symmetric
+    memory on the TP group (older torch needs the group registered; newer torch does it itself
+    and warns that the call is no longer needed)."""
+    import torch._inductor.config
+    from torch.distributed import _symmetric_memory
+
+    torch._inductor.config._micro_pipeline_tp = True
+    if hasattr(_symmetric_memory, "enable_symm_mem_for_group"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            _symmetric_memory.enable_symm_mem_for_group(mesh.get_group().group_name)
 
 
 # Selective AC keeps the outputs of the compute-heavy ops (matmuls, attention, TP's
@@ -97,7 +156,7 @@ def apply_fsdp(model: Transformer, mesh: DeviceMesh, *, precision: str, reshard_
     """FSDP2: each block its own unit, then the rest; bf16 compute, fp32 gradient reduction."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    param_dtype = torch.bfloat16 if precision in ("bf16", "mixed") else torch.float32
+    param_dtype = torch.bfloat16 if precision in ("bf16", "mixed", "fp8") else torch.float32
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     shard = partial(fully_shard, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     for block in model.layers.values():

@@ -6,18 +6,20 @@ The driver calls :func:`check_plan` before any rank starts; every rank builds th
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
+from sweepbench.train.pipeline import schedule_names, schedule_spec
 from sweepbench.train.shape import Shape, bytes_per_param
 
 AC_MODES = ("none", "selective", "full")
-PRECISIONS = ("auto", "fp32", "bf16", "mixed")  # auto: fp32 for a float32 model, bf16 otherwise
+# auto: fp32 for a float32 model, bf16 otherwise; fp8: bf16 weights, linear layers in float8 (torchao)
+PRECISIONS = ("auto", "fp32", "bf16", "mixed", "fp8")
+FP8_RECIPES = ("tensorwise", "rowwise")  # torchao's float8 scaling: one scale per tensor, or per row
 DP_SHARDS = ("fsdp", "ddp")
-# pipeline schedule -> stages each pp rank holds (interleaved: two, looped over the ranks)
-PP_SCHEDULES = {"gpipe": 1, "1f1b": 1, "interleaved_1f1b": 2}
-COMPOSES = ("the train engine composes tp (with sequence parallel), pp (gpipe, 1f1b, interleaved_1f1b), "
-            "cp and dp (fsdp with any of them; ddp with dp and cp only)")
+COMPOSES = ("the train engine composes tp (with or without sequence parallel), pp (" + ", ".join(schedule_names())
+            + "), cp and dp (fsdp with any of them; ddp with dp and cp only)")
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ class TrainPlan:
     seq_len: int
     micro_batch: int
     global_batch: int
-    precision: str  # fp32 | bf16 | mixed (auto resolved)
+    precision: str  # fp32 | bf16 | mixed | fp8 (auto resolved)
     stages_per_rank: int
 
     @property
@@ -70,7 +72,7 @@ def build_plan(cfg: Any) -> TrainPlan:
     return TrainPlan(tp=int(p.tp), pp=pp, dp=int(p.dp), cp=int(p.cp), seq_len=int(b.seq_len),
                      micro_batch=int(b.micro_batch), global_batch=int(b.global_batch) or default_batch,
                      precision=resolve_precision(str(b.precision), str(cfg.model.dtype)),
-                     stages_per_rank=PP_SCHEDULES.get(str(b.pp_schedule), 1) if pp > 1 else 1)
+                     stages_per_rank=schedule_spec(str(b.pp_schedule)).stages_per_rank if pp > 1 else 1)
 
 
 # bytes of saved activations per token, hidden unit and layer of one micro-batch: about 34 without
@@ -88,7 +90,7 @@ def step_transient_bytes(trainable: int, precision: str) -> int:
     state dtype (gradients produced before they are accumulated, the optimizer's temporaries).
     Measured: a 41M-parameter model's single-device step on the CPU peaked 1.1 to 1.5 such copies
     above its weights, gradients and AdamW states."""
-    return trainable * (2 if precision == "bf16" else 4)
+    return trainable * (2 if precision in ("bf16", "fp8") else 4)
 
 
 def reference_bytes(shape: Shape, plan: TrainPlan, *, lora_rank: int) -> int:
@@ -119,7 +121,7 @@ def layout_bytes(shape: Shape, plan: TrainPlan, *, lora_rank: int, dp_shard: str
               + step_transient_bytes(trainable, plan.precision))
     split = plan.tp * plan.pp * (plan.dp * plan.cp if dp_shard == "fsdp" else 1)
     if dp_shard == "ddp":  # DDP's buckets: a second copy of the gradients
-        states += trainable * (2 if plan.precision == "bf16" else 4)
+        states += trainable * (2 if plan.precision in ("bf16", "fp8") else 4)
     tokens = plan.micro_batch * plan.seq_len // plan.cp
     in_flight = min(plan.pp, plan.num_micro) if plan.pp > 1 else 1
     layers = shape.num_layers // plan.pp
@@ -157,7 +159,8 @@ def _check_options(b: Any) -> None:
     _choice("ac", b.ac, AC_MODES)
     _choice("precision", b.precision, PRECISIONS)
     _choice("dp_shard", b.dp_shard, DP_SHARDS)
-    _choice("pp_schedule", b.pp_schedule, tuple(PP_SCHEDULES))
+    _choice("pp_schedule", b.pp_schedule, schedule_names())
+    _choice("fp8_recipe", b.fp8_recipe, FP8_RECIPES)
     for key in ("seq_len", "micro_batch", "verify_steps", "profile_active"):
         if int(b[key]) < 1:
             raise ValueError(f"benchmark.{key}={b[key]} must be a positive integer")
@@ -208,10 +211,45 @@ def _check_sizes(cfg: Any, plan: TrainPlan) -> None:
                          f"of model={model.name} ({smallest}); valid: 0 (full fine-tune) to {smallest}")
 
 
+def _check_recipe(cfg: Any, plan: TrainPlan) -> None:
+    """Sequence parallel, async TP, fp8 and the zero-bubble schedules: what each needs of the rest."""
+    b = cfg.benchmark
+    if b.async_tp and not (plan.tp > 1 and b.tp_sp and b.compile):
+        raise ValueError(f"benchmark.async_tp=true needs parallelism.tp > 1 (got {plan.tp}), benchmark.tp_sp=true "
+                         f"(got {b.tp_sp}) and benchmark.compile=true (got {b.compile}): inductor overlaps the "
+                         f"sequence-parallel all-gathers and reduce-scatters with the matmuls it compiles")
+    if plan.precision == "fp8" and plan.tp > 1:
+        raise ValueError(f"benchmark.precision=fp8 with parallelism.tp={plan.tp} cannot be composed: fp8 trains with "
+                         f"dp, pp and cp layouts; use tp=1, or precision=bf16 with tp")
+    if plan.precision == "fp8" and b.lora_rank:
+        raise ValueError(f"benchmark.precision=fp8 with benchmark.lora_rank={b.lora_rank} cannot be composed: fp8 "
+                         f"trains full fine-tunes; use lora_rank=0, or precision=bf16 with LoRA")
+    if plan.pp > 1 and b.compile and not schedule_spec(str(b.pp_schedule)).compiles:
+        raise ValueError(f"benchmark.pp_schedule={b.pp_schedule} with benchmark.compile=true cannot run: the "
+                         f"zero-bubble schedules split each backward in two, which torch does not do through a "
+                         f"compiled block; use compile=false, or pp_schedule=" + ", ".join(
+                             n for n in schedule_names() if schedule_spec(n).compiles))
+
+
+def check_device(cfg: Any, plan: TrainPlan, device_type: str) -> str | None:
+    """Why this job cannot run on ``device_type`` (torch-free, before any rank), or None."""
+    b = cfg.benchmark
+    if b.async_tp and device_type != "cuda":
+        return (f"benchmark.async_tp=true needs CUDA GPUs (symmetric memory and inductor's micro-pipelined TP); "
+                f"this job would run on {device_type}: use async_tp=false here")
+    if plan.precision == "fp8" and device_type != "cuda":
+        return (f"benchmark.precision=fp8 needs CUDA GPUs of compute capability 8.9 or newer (float8 matmuls); "
+                f"this job would run on {device_type}: use precision=bf16 here")
+    if plan.precision == "fp8" and importlib.util.find_spec("torchao") is None:
+        return "benchmark.precision=fp8 needs torchao, which is not installed: pip install -e '.[fp8]'"
+    return None
+
+
 def check_plan(cfg: Any) -> TrainPlan:
     """Every check of a train job's config; returns the plan."""
     _check_options(cfg.benchmark)
     plan = build_plan(cfg)
     _check_layout(cfg, plan)
     _check_sizes(cfg, plan)
+    _check_recipe(cfg, plan)
     return plan

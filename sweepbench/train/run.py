@@ -16,7 +16,7 @@ from sweepbench.measure import summarize, time_iterations
 from sweepbench.measure.progress import case_done
 from sweepbench.train.context import ContextParallel, build_context_parallel
 from sweepbench.train.data import SyntheticTask
-from sweepbench.train.flops import bf16_peak, matmul_ceiling
+from sweepbench.train.flops import dense_peak, matmul_ceiling
 from sweepbench.train.memory import GIB, HostSampler, NvmlSampler, current_bytes, host_peak_rss, reset_torch_peaks, torch_memory
 from sweepbench.train.plan import TrainPlan, build_plan
 from sweepbench.train.profile import profile_window, write_scalars
@@ -31,7 +31,8 @@ def options_of(b: Any) -> TrainOptions:
     lr = float(b.lr) * (float(b.lora_lr_scale) if int(b.lora_rank) else 1.0)
     return TrainOptions(ac=str(b.ac), compile=bool(b.compile), fused_adamw=bool(b.fused_adamw), lr=lr,
                         lora_rank=int(b.lora_rank), lora_alpha=float(b.lora_alpha), dp_shard=str(b.dp_shard),
-                        pp_schedule=str(b.pp_schedule), cp_impl=str(b.cp_impl), seed=int(b.seed))
+                        pp_schedule=str(b.pp_schedule), cp_impl=str(b.cp_impl), seed=int(b.seed),
+                        tp_sp=bool(b.tp_sp), async_tp=bool(b.async_tp), fp8_recipe=str(b.fp8_recipe))
 
 
 class Batches:
@@ -64,7 +65,7 @@ def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | N
     shape = Shape.of(cfg.model)
     nvml = NvmlSampler(device)  # the starting level, before the job allocates anything
     host = HostSampler(device)  # on a CPU: the anonymous memory the job adds, from here on
-    ceiling = matmul_ceiling(device, DTYPES[plan.precision])
+    ceiling = matmul_ceiling(device, DTYPES[plan.precision], fp8=plan.precision == "fp8")
     mesh = build_mesh(plan, device)
     cp = build_context_parallel(plan, mesh, opts, device=device)
     dp_rank = mesh["dp"].get_local_rank()
@@ -119,7 +120,7 @@ def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | N
     tokens_per_s = plan.tokens_per_step / stats["median_s"]
     fpt = flops_per_token(shape, plan.seq_len, lora_rank=opts.lora_rank)
     achieved = tokens_per_s * fpt / plan.world_size  # model FLOP/s per device
-    peak, device_name = bf16_peak(device)
+    peak, device_name = dense_peak(device, plan.precision)
     if achieved > ceiling:
         raise VerificationError(f"model FLOP/s per device {achieved:.3e} exceed the matmul ceiling {ceiling:.3e} "
                                 f"measured in this job: the FLOP count or the timing is wrong")
@@ -139,4 +140,5 @@ def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | N
         "tokens_per_s": tokens_per_s, "flops_per_token": fpt, "achieved_flops": achieved,
         "ceiling_flops": ceiling, "peak_flops": peak, "device_name": device_name, "memory": memory,
         "num_trainable": trainer.num_trainable, "files": files, "cp": cp.describe() if cp else None,
+        "pp_bubble": trainer.bubble(),
     }

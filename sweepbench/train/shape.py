@@ -82,6 +82,6 @@ def flops_per_token(shape: Shape, seq_len: int, *, lora_rank: int = 0) -> float:
 
 def bytes_per_param(precision: str, *, trainable: bool) -> int:
     """Weights + gradient + AdamW's two moments, in the precision's storage dtypes."""
-    if precision == "bf16":
+    if precision in ("bf16", "fp8"):  # fp8 keeps bf16 weights and states (float8 only inside the matmuls)
         return 2 + (2 + 2 + 2 if trainable else 0)
     return 4 + (4 + 4 + 4 if trainable else 0)  # fp32 and mixed keep fp32 weights and states

@@ -18,10 +18,12 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from sweepbench.train.init import init_weights
 from sweepbench.train.model import Transformer
 from sweepbench.train.parallelize import apply_ac, apply_compile, apply_ddp, apply_fsdp, apply_tp
+from sweepbench.train.pipeline import analytic_bubble, schedule_bubble, schedule_spec
+from sweepbench.train.pipeline import stage_ids as pipeline_stage_ids
 from sweepbench.train.plan import TrainPlan
 from sweepbench.train.shape import Shape
 
-DTYPES = {"fp32": torch.float32, "mixed": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "mixed": torch.float32, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,9 @@ class TrainOptions:
     dp_shard: str = "fsdp"
     pp_schedule: str = "1f1b"
     cp_impl: str = "ring"
+    tp_sp: bool = True
+    async_tp: bool = False
+    fp8_recipe: str = "tensorwise"
     seed: int = 0
 
 
@@ -70,7 +75,7 @@ class Trainer:
         self.dtype = DTYPES[plan.precision]
         self.sharded = mesh is not None and plan.dp * plan.cp > 1 and opts.dp_shard == "fsdp"
         pp_rank = mesh["pp"].get_local_rank() if mesh is not None and plan.pp > 1 else 0
-        stage_ids = [pp_rank + k * plan.pp for k in range(plan.stages_per_rank)]
+        stage_ids = pipeline_stage_ids(opts.pp_schedule, pp_rank=pp_rank, pp=plan.pp) if plan.pp > 1 else [0]
         per_stage = shape.num_layers // plan.num_stages
         self.parts: list[nn.Module] = []
         self.first = self.last = False
@@ -100,8 +105,12 @@ class Trainer:
         if attn_fn is not None:
             for block in model.layers.values():
                 block.attention.attn_fn = attn_fn
+        if self.plan.precision == "fp8":
+            from sweepbench.train.fp8 import apply_fp8
+
+            apply_fp8(model, recipe=self.opts.fp8_recipe, fsdp=self.sharded)
         if self.mesh is not None and self.plan.tp > 1:
-            apply_tp(model, self.mesh["tp"])
+            apply_tp(model, self.mesh["tp"], sequence_parallel=self.opts.tp_sp, async_tp=self.opts.async_tp)
         apply_ac(model, self.opts.ac)
         if self.opts.compile:
             apply_compile(model)
@@ -121,10 +130,19 @@ class Trainer:
 
         stages = [PipelineStage(part, sid, self.plan.num_stages, self.device, group=self.mesh["pp"].get_group())
                   for part, sid in zip(self.parts, stage_ids)]
-        kind = {"gpipe": schedules.ScheduleGPipe, "1f1b": schedules.Schedule1F1B,
-                "interleaved_1f1b": schedules.ScheduleInterleaved1F1B}[self.opts.pp_schedule]
-        arg = stages if self.plan.stages_per_rank > 1 else stages[0]
+        spec = schedule_spec(self.opts.pp_schedule)
+        kind = getattr(schedules, spec.cls_name)
+        arg = stages if spec.runtime else stages[0]
         return kind(arg, n_microbatches=self.plan.num_micro, loss_fn=cross_entropy, scale_grads=True)
+
+    def bubble(self) -> dict[str, float | None]:
+        """The pipeline's idle share: by formula, and by the schedule's own plan where it has one."""
+        if self.schedule is None:
+            return {"analytic": 0.0, "schedule": None}
+        # gpipe and 1f1b keep an order of actions, not a plan in time slots: no slot count for them
+        planned = schedule_bubble(self.schedule) if schedule_spec(self.opts.pp_schedule).runtime else None
+        formula = analytic_bubble(self.opts.pp_schedule, pp=self.plan.pp, num_micro=self.plan.num_micro)
+        return {"analytic": planned if formula is None else formula, "schedule": planned}
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         # bf16 compute over fp32 master weights: FSDP's mixed-precision policy casts where the

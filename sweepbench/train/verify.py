@@ -23,7 +23,7 @@ from sweepbench.train.plan import FIT_FRACTION, TrainPlan, reference_bytes
 from sweepbench.train.shape import Shape
 
 # relative tolerance of each verified step's loss against the reference
-LOSS_RTOL = {"fp32": 1e-4, "bf16": 2e-2, "mixed": 1e-2}
+LOSS_RTOL = {"fp32": 1e-4, "bf16": 2e-2, "mixed": 1e-2, "fp8": 5e-2}
 # the last timed losses must be below the first step's by more than float noise: every batch of the
 # task holds nearly the same tokens (the sequences walk one short cycle), so any real drop counts
 MIN_DROP = 1e-4

@@ -1,0 +1,115 @@
+"""Layout recipes beyond the default ones, on gloo ranks through the real CLI: TP without sequence
+parallel and the pipeline schedules with more micro-batches (interleaved 1F1B, interleaved zero
+bubble, ZBV) verify against the single-device reference and report their bubble; async TP and
+fp8, which need CUDA, are refused before any rank starts; fp8's conversion is checked on the
+meta device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..conftest import SweepRun, planned_tag, run_sweepbench
+
+SCHEDULES = ("interleaved_1f1b", "interleaved_zb", "zbv")
+# tp2pp2 without sequence parallel, 4 micro-batches per step, each schedule: 4 ranks a job
+FAST = ["benchmark=train", "model=tiny", "backend=gloo", "benchmark.warmup=1", "benchmark.iters=3",
+        "wandb.mode=disabled", "parallelism=tp2pp2", "benchmark.tp_sp=false", "benchmark.global_batch=4"]
+
+
+@pytest.fixture(scope="module")
+def schedules(tmp_path_factory: pytest.TempPathFactory) -> SweepRun:
+    root = tmp_path_factory.mktemp("train_schedules")
+    run = run_sweepbench([*FAST, f"benchmark.pp_schedule={','.join(SCHEDULES)}"], sweep_dir=root / "sweep",
+                         timeout=600)
+    assert run.rc == 0, run.describe()
+    return run
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_schedule_verifies_and_reports_its_bubble(schedules: SweepRun, compose: Any, schedule: str) -> None:
+    m = schedules.metrics(planned_tag(compose, *FAST, f"benchmark.pp_schedule={schedule}"))
+    assert m["status"] == "ok" and m["verified"], m.get("error")
+    v = m["results"]["verification"]
+    assert v["layers"] == 4 and not v["reduced_depth"]
+    for ref, got in zip(v["reference_losses"], v["layout_losses"]):
+        assert got == pytest.approx(ref, rel=1e-4)  # fp32 on CPU
+    s = m["results"]["summary"]
+    assert s["grad_accum"] == 4 and s["pp_schedule"] == schedule and s["tp_sp"] is False
+    planned = s["pp_bubble_schedule"]
+    assert 0 < planned < 0.5  # torch's plan of time slots, each action one slot
+    if schedule == "interleaved_1f1b":  # (p-1)/(v*m+p-1), p=2 ranks, v=2 stages each, m=4
+        assert s["pp_bubble"] == pytest.approx(1 / 9)
+    else:  # zero bubble: no closed form, the plan's count stands for it
+        assert s["pp_bubble"] == planned
+
+
+def test_zero_bubble_idles_less_than_interleaved_1f1b(schedules: SweepRun, compose: Any) -> None:
+    planned = {name: schedules.metrics(planned_tag(compose, *FAST, f"benchmark.pp_schedule={name}"))
+               ["results"]["summary"]["pp_bubble_schedule"] for name in SCHEDULES}
+    assert planned["interleaved_zb"] < planned["interleaved_1f1b"], planned
+    assert planned["zbv"] < planned["interleaved_1f1b"], planned
+
+
+BASE = ["benchmark=train", "model=tiny", "backend=gloo"]
+REFUSED = {
+    "async_tp_needs_compile": (["parallelism=tp2", "benchmark.async_tp=true"],
+                               "benchmark.async_tp=true needs parallelism.tp > 1 (got 2), benchmark.tp_sp=true"),
+    "async_tp_needs_sp": (["parallelism=tp2", "benchmark.async_tp=true", "benchmark.compile=true",
+                           "benchmark.tp_sp=false"], "benchmark.async_tp=true needs parallelism.tp > 1"),
+    "async_tp_cpu": (["parallelism=tp2", "benchmark.async_tp=true", "benchmark.compile=true"],
+                     "benchmark.async_tp=true needs CUDA GPUs"),
+    "fp8_cpu": (["parallelism=dp2", "benchmark.precision=fp8"],
+                "benchmark.precision=fp8 needs CUDA GPUs of compute capability 8.9 or newer"),
+    "fp8_tp": (["parallelism=tp2", "benchmark.precision=fp8"],
+               "benchmark.precision=fp8 with parallelism.tp=2 cannot be composed"),
+    "fp8_lora": (["parallelism=dp2", "benchmark.precision=fp8", "benchmark.lora_rank=4"],
+                 "benchmark.precision=fp8 with benchmark.lora_rank=4 cannot be composed"),
+    "fp8_recipe": (["benchmark.fp8_recipe=blockwise"],
+                   "benchmark.fp8_recipe='blockwise' is not valid; choose one of tensorwise, rowwise"),
+    "zb_compile": (["parallelism=pp2", "benchmark.pp_schedule=zbv", "benchmark.compile=true"],
+                   "benchmark.pp_schedule=zbv with benchmark.compile=true cannot run"),
+    "schedule": (["parallelism=pp2", "benchmark.pp_schedule=dualpipe"],
+                 "benchmark.pp_schedule='dualpipe' is not valid; choose one of gpipe, 1f1b, interleaved_1f1b, "
+                 "interleaved_zb, zbv"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_refused_in_one_line(case: str, compose: Any) -> None:
+    from sweepbench.launch.preflight import validate
+
+    overrides, message = REFUSED[case]
+    with pytest.raises(ValueError) as err:
+        validate(compose(*BASE, *overrides))
+    text = str(err.value)
+    assert "\n" not in text and text.startswith(message), text
+
+
+def test_cli_refuses_fp8_on_cpu_before_ranks(tmp_path: Path) -> None:
+    run = run_sweepbench([*BASE, "parallelism=dp2", "benchmark.precision=fp8,bf16"], sweep_dir=tmp_path / "sweep")
+    assert run.rc == 2, run.describe()
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sweepbench: error: benchmark.precision=fp8 needs CUDA"), run.stderr
+    assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_fp8_converts_block_linears_not_the_output(recipe: str) -> None:
+    import torch
+    from torchao.float8.float8_linear import Float8Linear
+
+    from sweepbench.train.fp8 import apply_fp8
+    from sweepbench.train.model import Transformer
+    from sweepbench.train.shape import Shape
+
+    with torch.device("meta"):
+        model = Transformer(Shape(2, 64, 8, 8, 256, 512))
+    apply_fp8(model, recipe=recipe, fsdp=True)
+    converted = {name for name, mod in model.named_modules() if isinstance(mod, Float8Linear)}
+    linears = {name for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)}
+    assert converted == linears - {"output"} and len(converted) == 2 * 7
+    gathers = {mod.config.enable_fsdp_float8_all_gather for mod in model.modules() if isinstance(mod, Float8Linear)}
+    assert gathers == {recipe == "tensorwise"}  # weights all-gathered in float8 only with one scale per tensor
