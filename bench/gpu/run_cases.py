@@ -3,7 +3,7 @@
     python bench/gpu/run_cases.py bench/gpu/cases_8gpu.yaml --out DIR [--cpu]
 
 With --cpu every case runs at model=tiny on gloo (plus its `cpu` overrides): the check that a
-GPU case works before a GPU machine is booked. Exit 1 if any sweep did not finish ok."""
+GPU case works before a GPU machine is booked; a case with `gpu_only: <why>` is not run there. Exit 1 if any sweep did not finish ok."""
 
 from __future__ import annotations
 
@@ -32,15 +32,20 @@ def main() -> int:
     args = parser.parse_args()
     spec = OmegaConf.to_container(OmegaConf.load(args.cases))
     env = {**os.environ, **GPU_ENV}
-    failed = []
+    failed, not_run = [], []
     for case in spec["cases"]:
+        if args.cpu and case.get("gpu_only"):
+            print(f"{case['name']}: not run on a CPU ({case['gpu_only']})", flush=True)
+            not_run.append(case["name"])
+            continue
         proc = subprocess.run(case_command(case, out=args.out, cpu=args.cpu), env=env,
                               capture_output=True, text=True)
         print(f"{case['name']}: exit {proc.returncode} ({args.out / case['name'] / 'results.csv'})", flush=True)
         if proc.returncode:
             failed.append(case["name"])
             print(proc.stderr[-2000:], file=sys.stderr)
-    print(f"{len(spec['cases']) - len(failed)} passed, {len(failed)} failed")
+    print(f"{len(spec['cases']) - len(failed) - len(not_run)} passed, {len(failed)} failed"
+          + (f", {len(not_run)} skipped" if not_run else ""))
     return 1 if failed else 0
 
 

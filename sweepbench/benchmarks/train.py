@@ -49,6 +49,10 @@ class TrainConfig(BenchmarkConfig):
     profile_warmup: int = 1
     profile_active: int = 2
     memory_snapshot: bool = False  # CUDA allocator history of the profiled steps (profile=true)
+    impl: str = "ours"  # who trains: ours | hf (transformers + peft, dp layouts; train/impls.py)
+    quant: str = "none"  # none | nf4: frozen base linears in 4-bit NF4 (bitsandbytes), LoRA only
+    fused: str = "none"  # none | liger: liger-kernel RMSNorm, SwiGLU, RoPE, fused linear CE (CUDA)
+    padding_free: bool = False  # documents packed per row, attention within each; tokens/s of real tokens
 
 
 def _gib(x: Any) -> float | None:
@@ -79,7 +83,7 @@ def _page_derive(rows: list[dict[str, Any]], pool: list[dict[str, Any]]) -> None
 def _page_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
     cfg, (c, *_) = job["config"], job["results"]["cases"]
     s = job["results"]["summary"]
-    return [{"impl": "sweepbench", "world_size": job["world_size"], "model": cfg["model"]["name"],
+    return [{"impl": s.get("impl", "ours"), "world_size": job["world_size"], "model": cfg["model"]["name"],
              "layout": c["layout"], "dp_shard": s["dp_shard"], "seq_len": c["seq_len"], "ac": s["ac"],
              "compile": s["compile"], "precision": c["precision"], "lora_rank": s["lora_rank"], "iters": c["iters"],
              "median_ms": c["median_s"] * 1e3, "iqr_ms": c["iqr_s"] * 1e3,
@@ -89,18 +93,22 @@ def _page_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
 @register("train")
 class TrainBenchmark(Benchmark):
     schema = TrainConfig
-    tag_keys = ("seq_len", "ac", "compile", "precision", "dp_shard", "lora_rank")
+    tag_keys = ("seq_len", "ac", "compile", "precision", "dp_shard", "lora_rank", "impl")
     tag_groups = ("model", "parallelism", "backend")
 
     @classmethod
     def validate(cls, cfg: DictConfig) -> None:
         from sweepbench.config.validate import device_type
         from sweepbench.train.context import check_cp
+        from sweepbench.train.recipe import check_recipe, check_recipe_device
         from sweepbench.train.plan import check_device, check_plan
 
         plan = check_plan(cfg)
         device = device_type(cfg)
         check_cp(cfg, plan, device)
+        check_recipe(cfg, plan)
+        if why := check_recipe_device(cfg, device):
+            raise NotOnThisMachine(why)
         if why := check_device(cfg, plan, device):
             raise NotOnThisMachine(why)
         if cfg.benchmark.compile and plan.tp > 1 and device == "cpu":
@@ -166,6 +174,7 @@ class TrainBenchmark(Benchmark):
             "seq_len": plan.seq_len, "global_batch": plan.global_batch, "micro_batch": plan.micro_batch,
             "grad_accum": plan.num_micro, "precision": plan.precision, "ac": b.ac, "compile": b.compile,
             "dp_shard": b.dp_shard, "lora_rank": b.lora_rank, "verify_layers": r["verify_layers"],
+            **{k: r["recipe"][k] for k in ("impl", "quant", "fused", "padding_free")},
             "tp_sp": b.tp_sp if plan.tp > 1 else None, "async_tp": b.async_tp if plan.tp > 1 else None,
             "fp8_recipe": b.fp8_recipe if plan.precision == "fp8" else None,
             "pp_schedule": b.pp_schedule if plan.pp > 1 else None,
@@ -205,7 +214,7 @@ class TrainBenchmark(Benchmark):
                 "layers": r["verify_layers"], "reduced_depth": r["verify_layers"] != r["shape"].num_layers,
                 "note": _verify_note(r["verify_layers"], r["shape"].num_layers, forced=bool(self.cfg.verify_layers)),
                 "loss_first": r["first_loss"], "loss_last": r["last_loss"]},
-            "memory_per_rank": per_rank, "files": r["files"], "context_parallel": r["cp"],
+            "memory_per_rank": per_rank, "files": r["files"], "context_parallel": r["cp"], "recipe": r["recipe"],
         }
         return BenchmarkResult(cases=[case], summary=summary, verified=True, extra=extra)
 

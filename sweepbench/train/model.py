@@ -46,6 +46,11 @@ def _linear(d_in: int, d_out: int, lora_rank: int, lora_alpha: float) -> nn.Modu
     return nn.Linear(d_in, d_out, bias=False)
 
 
+def rope_pair(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+              sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate pairs (x[2i], x[2i+1]) of each head by the position's angles; x: [B, S, H, D],
     cos/sin: [S, D/2] for the positions x holds."""
@@ -70,6 +75,7 @@ class Attention(nn.Module):
         self.wv = _linear(d, shape.kv_dim, lora_rank, lora_alpha)
         self.wo = _linear(shape.num_heads * hd, d, lora_rank, lora_alpha)
         self.attn_fn: AttnFn = sdpa_attention  # context parallel swaps in the ring kernel
+        self.rope_fn = rope_pair  # (q, k, cos, sin) -> rotated (q, k); fused.py swaps in liger's
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         bsz, seq, _ = x.shape
@@ -77,7 +83,7 @@ class Attention(nn.Module):
         q = self.wq(x).view(bsz, seq, -1, self.head_dim)
         k = self.wk(x).view(bsz, seq, -1, self.head_dim)
         v = self.wv(x).view(bsz, seq, -1, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = self.rope_fn(q, k, cos, sin)
         out = self.attn_fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
 
@@ -123,6 +129,8 @@ class Transformer(nn.Module):
         self.output: nn.Module | None = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
         # the positions this rank's tokens hold (context parallel: its shards of the sequence)
         self.positions: torch.Tensor | None = None
+        # (output weight, hidden states, targets) -> mean loss, for forward(x, targets): fused.py's
+        self.fused_loss: Callable | None = None
 
     def keep_stage(self, layer_ids: range, *, first: bool, last: bool) -> "Transformer":
         """Drop what a pipeline stage does not hold (in place)."""
@@ -135,7 +143,7 @@ class Transformer(nn.Module):
             self.norm = self.output = None
         return self
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
         seq = x.shape[1]
         pos = self.positions if self.positions is not None else torch.arange(seq, device=h.device)
@@ -144,6 +152,8 @@ class Transformer(nn.Module):
             h = layer(h, cos, sin)
         if self.norm is not None:
             h = self.norm(h)
+        if targets is not None:  # the loss, through a fused head that never materialises the logits
+            return self.fused_loss(self.output.weight, h, targets)
         return self.output(h) if self.output is not None else h
 
 

@@ -16,9 +16,12 @@ from sweepbench.measure import summarize, time_iterations
 from sweepbench.measure.progress import case_done
 from sweepbench.train.context import ContextParallel, build_context_parallel
 from sweepbench.train.data import SyntheticTask
+from sweepbench.train.impls import IMPLS
+from sweepbench.train.packing import PackedTask
 from sweepbench.train.flops import dense_peak, matmul_ceiling
 from sweepbench.train.memory import GIB, HostSampler, NvmlSampler, current_bytes, host_peak_rss, reset_torch_peaks, torch_memory
 from sweepbench.train.plan import TrainPlan, build_plan
+from sweepbench.train.recipe import build_reference, describe, tokens_per_step
 from sweepbench.train.profile import profile_window, write_scalars
 from sweepbench.train.shape import Shape, flops_per_token
 from sweepbench.train.trainer import DTYPES, TrainOptions, Trainer, build_mesh
@@ -32,7 +35,8 @@ def options_of(b: Any) -> TrainOptions:
     return TrainOptions(ac=str(b.ac), compile=bool(b.compile), fused_adamw=bool(b.fused_adamw), lr=lr,
                         lora_rank=int(b.lora_rank), lora_alpha=float(b.lora_alpha), dp_shard=str(b.dp_shard),
                         pp_schedule=str(b.pp_schedule), cp_impl=str(b.cp_impl), seed=int(b.seed),
-                        tp_sp=bool(b.tp_sp), async_tp=bool(b.async_tp), fp8_recipe=str(b.fp8_recipe))
+                        tp_sp=bool(b.tp_sp), async_tp=bool(b.async_tp), fp8_recipe=str(b.fp8_recipe),
+                        impl=str(b.impl), quant=str(b.quant), fused=str(b.fused), padding_free=bool(b.padding_free))
 
 
 class Batches:
@@ -71,6 +75,8 @@ def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | N
     dp_rank = mesh["dp"].get_local_rank()
     task = SyntheticTask(vocab_size=shape.vocab_size, seq_len=plan.seq_len, global_batch=plan.global_batch,
                          seed=opts.seed)
+    if opts.padding_free:  # documents packed into each row; counted in real tokens
+        task = PackedTask(task, vocab_size=shape.vocab_size)
     batches = Batches(task, plan, dp_rank=dp_rank, cp=cp, device=device)
     layout_kw = dict(device=device, mesh=mesh, positions=cp.positions if cp else None,
                      attn_fn=cp.attn_fn if cp else None)
@@ -80,8 +86,9 @@ def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | N
     vshape = Shape.of(cfg.model, num_layers=depth)
     single = TrainPlan(tp=1, pp=1, dp=1, cp=1, seq_len=plan.seq_len, micro_batch=plan.micro_batch,
                        global_batch=plan.global_batch, precision=plan.precision, stages_per_rank=1)
-    reference = run_reference(lambda: Trainer(vshape, single, opts, device=device), batches.full, int(b.verify_steps))
-    trainer = Trainer(vshape, plan, opts, **layout_kw)
+    reference = run_reference(lambda: build_reference(vshape, single, opts, device=device, batches=batches),
+                              batches.full, int(b.verify_steps))
+    trainer = IMPLS.get(opts.impl)(vshape, plan, opts, **layout_kw)
     verified = global_losses([trainer.step(*batches(s)) for s in range(int(b.verify_steps))],
                              holds_loss=trainer.holds_loss)
     worst = check_losses(reference, verified, precision=plan.precision)
@@ -90,7 +97,7 @@ def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | N
     if depth != shape.num_layers:  # verified at reduced depth: now the full model, from step 0
         del trainer
         free_memory()
-        trainer = Trainer(shape, plan, opts, **layout_kw)
+        trainer = IMPLS.get(opts.impl)(shape, plan, opts, **layout_kw)
         losses, step_no = [], 0
 
     # timed
@@ -117,7 +124,8 @@ def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | N
               "host_peak_anon_bytes": host.stop()}
 
     # derived rates
-    tokens_per_s = plan.tokens_per_step / stats["median_s"]
+    step_tokens = tokens_per_step(plan, task, range(step_no + int(b.warmup), step_no + int(b.warmup) + int(b.iters)))
+    tokens_per_s = step_tokens / stats["median_s"]
     fpt = flops_per_token(shape, plan.seq_len, lora_rank=opts.lora_rank)
     achieved = tokens_per_s * fpt / plan.world_size  # model FLOP/s per device
     peak, device_name = dense_peak(device, plan.precision)
@@ -141,4 +149,5 @@ def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | N
         "ceiling_flops": ceiling, "peak_flops": peak, "device_name": device_name, "memory": memory,
         "num_trainable": trainer.num_trainable, "files": files, "cp": cp.describe() if cp else None,
         "pp_bubble": trainer.bubble(),
+        "recipe": {**describe(opts, device=device), "tokens_per_step": step_tokens},
     }

@@ -15,12 +15,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from sweepbench.train.impls import IMPLS
 from sweepbench.train.init import init_weights
 from sweepbench.train.model import Transformer
 from sweepbench.train.parallelize import apply_ac, apply_compile, apply_ddp, apply_fsdp, apply_tp
 from sweepbench.train.pipeline import analytic_bubble, schedule_bubble, schedule_spec
 from sweepbench.train.pipeline import stage_ids as pipeline_stage_ids
 from sweepbench.train.plan import TrainPlan
+from sweepbench.train.recipe import apply_recipe
 from sweepbench.train.shape import Shape
 
 DTYPES = {"fp32": torch.float32, "mixed": torch.float32, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
@@ -39,6 +41,10 @@ class TrainOptions:
     dp_shard: str = "fsdp"
     pp_schedule: str = "1f1b"
     cp_impl: str = "ring"
+    impl: str = "ours"  # the recipe knobs of recipe.py: who trains, quantized base, fused kernels, packing
+    quant: str = "none"
+    fused: str = "none"
+    padding_free: bool = False
     tp_sp: bool = True
     async_tp: bool = False
     fp8_recipe: str = "tensorwise"
@@ -63,6 +69,7 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
+@IMPLS.register("ours")
 class Trainer:
     """Build with ``mesh=None`` for the single-device reference. ``step(inputs, targets)`` takes
     this rank's rows (and sequence shard) of a global batch and returns its loss (a 0-dim
@@ -115,6 +122,7 @@ class Trainer:
         if self.opts.compile:
             apply_compile(model)
         init_weights(model, seed=self.opts.seed, device=self.device, dtype=self.dtype)
+        apply_recipe(model, self.opts, device=self.device)
         model.positions = (positions if positions is not None
                            else torch.arange(self.plan.seq_len, device=self.device))
         if self.mesh is None or self.plan.dp * self.plan.cp == 1:
@@ -168,8 +176,8 @@ class Trainer:
             for x, y, sync in self._micro_batches(inputs, targets):
                 with sync:
                     with self._autocast():
-                        logits = self.parts[0](x)
-                    part = cross_entropy(logits, y) / self.plan.num_micro
+                        out = self.parts[0](x, y) if self.opts.fused != "none" else self.parts[0](x)
+                    part = (out if self.opts.fused != "none" else cross_entropy(out, y)) / self.plan.num_micro
                     part.backward()
                 loss += part.detach()
         self.optimizer.step()

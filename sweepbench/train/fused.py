@@ -1,0 +1,74 @@
+"""Fused kernels as a recipe knob: ``fused=liger`` runs liger-kernel's Triton kernels in our decoder,
+as fms-acceleration's fused-ops plugin does in an HF model: RMSNorm, SwiGLU's silu(a)*b, RoPE, and
+the fused linear cross-entropy (the output projection and the loss in chunks: the [tokens, vocab]
+logits are never materialised).
+
+Liger's RoPE rotates HF's rotate-half pairs (i, i+D/2) where ours rotates interleaved pairs
+(2i, 2i+1); :func:`apply_liger` reorders the rows of each head of wq and wk (and their LoRA B) once,
+after initialisation, so the fused model computes the same function as the unfused one (q.k is
+unchanged by reordering both alike). The first steps are verified against the unfused model.
+Liger needs Triton on CUDA (its RMSNorm does not run under Triton's CPU interpreter)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from sweepbench.train.model import Attention, FeedForward, LoRALinear, Transformer
+
+
+def to_rotate_half(w: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Rows of a q/k projection (or its LoRA B) from interleaved RoPE pairs to rotate-half pairs."""
+    out, rest = w.shape[0], w.shape[1:]
+    return w.reshape(out // head_dim, head_dim // 2, 2, *rest).transpose(1, 2).reshape(out, *rest)
+
+
+def liger_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k: [B, S, H, D]; cos/sin: [S, D/2] (ours) -> liger's [1, S, D] rotate-half tables."""
+    from liger_kernel.transformers.functional import liger_rope as rope
+
+    cos, sin = (torch.cat((t, t), dim=-1).to(q.dtype) for t in (cos, sin))
+    q2, k2 = rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+    return q2.transpose(1, 2), k2.transpose(1, 2)
+
+
+class LigerFeedForward(FeedForward):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from liger_kernel.transformers.functional import liger_swiglu
+
+        return self.w2(liger_swiglu(self.w1(x), self.w3(x)))
+
+
+def fused_cross_entropy(weight: torch.Tensor, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean token loss of ``h @ weight^T`` against ``targets`` without the logits (-100 ignored)."""
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+    return liger_fused_linear_cross_entropy(h.flatten(0, 1), weight, targets.flatten())
+
+
+@torch.no_grad()
+def apply_liger(model: Transformer, **_: Any) -> None:
+    """Swap in liger's kernels (after the weights are initialised, before FSDP/DDP)."""
+    from liger_kernel.transformers.rms_norm import LigerRMSNorm
+
+    hd = model.shape.head_dim
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.RMSNorm):
+                fused = LigerRMSNorm(child.weight.shape[0], eps=child.eps).to(child.weight.device, child.weight.dtype)
+                fused.weight.copy_(child.weight)
+                fused.weight.requires_grad_(child.weight.requires_grad)
+                setattr(module, name, fused)
+    for ffn in [m for m in model.modules() if isinstance(m, FeedForward)]:
+        ffn.__class__ = LigerFeedForward
+    for att in [m for m in model.modules() if isinstance(m, Attention)]:
+        att.rope_fn = liger_rope
+        for proj in (att.wq, att.wk):
+            proj.weight.copy_(to_rotate_half(proj.weight, hd))
+            if isinstance(proj, LoRALinear):
+                proj.lora_b.copy_(to_rotate_half(proj.lora_b, hd))
+    if model.output is not None:
+        model.fused_loss = fused_cross_entropy

@@ -1,0 +1,83 @@
+"""Train implementations: ours and peers behind one interface, so one sweep times and verifies
+them the same way (``benchmark.impl=ours,hf``).
+
+An implementation is a class built as ``cls(shape, plan, opts, *, device, mesh, positions,
+attn_fn)`` with ``step(inputs, targets) -> loss``, ``holds_loss`` and ``num_trainable``, registered
+under a name. Importable without torch: names are declared with the module that registers them;
+an optional peer names the modules it needs and the install command, and the layouts and recipe
+knobs it runs, so a missing extra or a combination it lacks is refused on the driver (one line,
+exit 2) before any rank starts."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+from sweepbench.parallel.registry import Registry
+
+IMPLS: Registry[type] = Registry("train implementation")
+IMPLS.declare("ours", "sweepbench.train.trainer")
+IMPLS.declare("hf", "sweepbench.train.hf_peer")
+
+
+@dataclass(frozen=True)
+class PeerSpec:
+    """What an optional implementation needs and runs."""
+
+    modules: tuple[str, ...]  # imported by its module
+    install: str  # the command that installs them
+    layouts: str  # what it runs, for the refusal line
+    dp_only: bool = True  # runs single-device and dp layouts (FSDP2 / DDP) only
+    knobs: tuple[str, ...] = ()  # recipe knobs it takes beyond the shared recipe
+
+
+PEERS: dict[str, PeerSpec] = {
+    "hf": PeerSpec(modules=("transformers", "peft"), install='pip install "sweepbench[fms]"',
+                   layouts="single device and dp layouts (FSDP2 or DDP)"),
+}
+# peers asked for that this install cannot run as implementations: name -> the line that says so
+NOT_WIRED: dict[str, str] = {
+    "fms_peft": ("benchmark.impl=fms_peft (fms-acceleration-peft) is not an implementation here: its plugins "
+                 "patch HF Trainer runs of fms-hf-tuning; install them with pip install fms-acceleration-peft "
+                 "and run fms-hf-tuning, or compare impl=hf with benchmark.quant=nf4 on ours"),
+    "fms_foak": ("benchmark.impl=fms_foak (fms-acceleration-foak) is not an implementation here: its fused "
+                 "kernels patch HF Trainer runs of fms-hf-tuning; install them with pip install "
+                 "fms-acceleration-foak and run fms-hf-tuning, or compare with benchmark.fused=liger on ours"),
+}
+
+
+def missing(impl: str) -> str | None:
+    """Why ``impl`` cannot run in this interpreter (one line), or None when it can."""
+    spec = PEERS.get(impl)
+    if spec is None:
+        return None
+    for module in spec.modules:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ImportError:
+            found = False
+        if not found:
+            return f"benchmark.impl={impl} needs {module}, which is not installed; install it with: {spec.install}"
+    return None
+
+
+def check_impl(impl: str, *, tp: int, pp: int, cp: int, knobs: dict[str, object]) -> None:
+    """ValueError (one line) for an unknown implementation, a missing extra, a layout it does not
+    run, or a recipe knob (``knobs``: name -> value, those set away from their default) it lacks."""
+    if impl in NOT_WIRED:
+        raise ValueError(NOT_WIRED[impl])
+    if impl not in IMPLS:
+        raise ValueError(f"benchmark.impl={impl!r} is not valid; choose one of {', '.join(IMPLS.names())}")
+    spec = PEERS.get(impl)
+    if spec is None:
+        return
+    if spec.dp_only and max(tp, pp, cp) > 1:
+        raise ValueError(f"benchmark.impl={impl} with parallelism tp={tp} pp={pp} cp={cp}: it runs {spec.layouts}; "
+                         f"use a dp layout (tp1, dp2, dp4, ..) or impl=ours")
+    for knob, value in knobs.items():
+        if knob not in spec.knobs:
+            raise ValueError(f"benchmark.{knob}={value} with benchmark.impl={impl}: the {impl} implementation "
+                             f"runs the shared recipe without it; use impl=ours or leave {knob} at its default")
+    why = missing(impl)
+    if why:
+        raise ValueError(why)

@@ -1,0 +1,122 @@
+"""The fine-tuning recipe knobs beyond the layout: who trains (``impl``: ours or a peer), quantized
+base weights (``quant``), fused kernels (``fused``) and padding-free batches (``padding_free``).
+
+The checks are torch-free (the driver runs them before any rank starts: one line, exit 2); the
+rest says how each knob changes a model (``apply_recipe``, after initialisation, before FSDP/DDP),
+what the single-device reference it is verified against runs (``reference_options``), and how
+many real tokens a step trains."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import replace
+from typing import Any
+
+from sweepbench.train.impls import check_impl
+
+QUANTS = ("none", "nf4")  # nf4: bitsandbytes 4-bit NormalFloat base weights (QLoRA)
+FUSED = ("none", "liger")  # liger: liger-kernel's RMSNorm, SwiGLU, RoPE, fused linear cross-entropy
+# knob -> its default (a peer implementation is refused a knob set away from it)
+DEFAULTS = {"quant": "none", "fused": "none", "padding_free": False}
+EXTRA = 'pip install "sweepbench[fms]"'
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:
+        return False
+
+
+def check_recipe(cfg: Any, plan: Any) -> None:
+    """ValueError (one line) for a recipe this engine cannot run."""
+    b = cfg.benchmark
+    knobs = {k: b[k] for k, default in DEFAULTS.items() if b[k] != default}
+    check_impl(str(b.impl), tp=plan.tp, pp=plan.pp, cp=plan.cp, knobs=knobs)
+    if b.quant not in QUANTS:
+        raise ValueError(f"benchmark.quant={b.quant!r} is not valid; choose one of {', '.join(QUANTS)}")
+    if b.fused not in FUSED:
+        raise ValueError(f"benchmark.fused={b.fused!r} is not valid; choose one of {', '.join(FUSED)}")
+    if b.quant != "none":
+        if not int(b.lora_rank):
+            raise ValueError(f"benchmark.quant={b.quant} needs LoRA (benchmark.lora_rank > 0, got 0): the quantized "
+                             f"base weights are frozen, only adapters train; set e.g. benchmark.lora_rank=16")
+        if plan.dp * plan.cp > 1 and b.dp_shard == "fsdp":
+            raise ValueError(f"benchmark.quant={b.quant} with benchmark.dp_shard=fsdp cannot be composed: FSDP2 does "
+                             f"not shard bitsandbytes' packed 4-bit weights; use benchmark.dp_shard=ddp")
+        if not _installed("bitsandbytes"):
+            raise ValueError(f"benchmark.quant={b.quant} needs bitsandbytes, which is not installed; install it "
+                             f"with: {EXTRA}")
+    if b.fused != "none":
+        if max(plan.tp, plan.pp, plan.cp) > 1:
+            raise ValueError(f"benchmark.fused={b.fused} with parallelism tp={plan.tp} pp={plan.pp} cp={plan.cp}: the "
+                             f"fused kernels run on whole sequences and whole models; use a dp layout or fused=none")
+        if not _installed("liger_kernel"):
+            raise ValueError(f"benchmark.fused={b.fused} needs liger-kernel, which is not installed; install it "
+                             f"with: {EXTRA}")
+    if b.padding_free and max(plan.tp, plan.pp, plan.cp) > 1:
+        raise ValueError(f"benchmark.padding_free=true with parallelism tp={plan.tp} pp={plan.pp} cp={plan.cp}: "
+                         f"packed documents run with dp layouts; use a dp layout or padding_free=false")
+
+
+def check_recipe_device(cfg: Any, device_type: str) -> str | None:
+    """Why this recipe cannot run on ``device_type`` (torch-free), or None."""
+    if cfg.benchmark.fused == "liger" and device_type != "cuda":
+        return (f"benchmark.fused=liger needs CUDA GPUs (liger-kernel's Triton kernels; its RMSNorm does not run "
+                f"under Triton's CPU interpreter); this job would run on {device_type}: use fused=none here")
+    return None
+
+
+def reference_options(opts: Any) -> Any:
+    """The single-device reference's options: our engine, unfused, and for quantized weights the
+    same weights rounded through the quantizer and kept dense."""
+    return replace(opts, impl="ours", fused="none", quant=f"{opts.quant}_dense" if opts.quant != "none" else "none")
+
+
+def apply_recipe(model: Any, opts: Any, *, device: Any) -> None:
+    """Quantize, fuse and pack ``model`` (a whole or pipeline-stage Transformer) as ``opts`` say."""
+    if opts.quant != "none":
+        from sweepbench.train.quant import apply_quant
+
+        apply_quant(model, opts.quant)
+    if opts.fused == "liger":
+        from sweepbench.train.fused import apply_liger
+
+        apply_liger(model)
+    if opts.padding_free:
+        from sweepbench.train.packing import apply_padding_free, kernel_name
+
+        apply_padding_free(model, kernel=kernel_name(device))
+
+
+def describe(opts: Any, *, device: Any) -> dict[str, Any]:
+    """The recipe's knobs as recorded with the job."""
+    out: dict[str, Any] = {"impl": opts.impl, "quant": opts.quant, "fused": opts.fused,
+                           "padding_free": opts.padding_free}
+    if opts.padding_free:
+        from sweepbench.train.packing import kernel_name
+
+        out["packed_attention"] = kernel_name(device)
+    return out
+
+
+def build_reference(shape: Any, plan: Any, opts: Any, *, device: Any, batches: Any) -> Any:
+    """The single-device reference trainer (``reference_options``); with padding-free batches its
+    packed forward is first checked against the documents of step 0's first row run one by one."""
+    from sweepbench.train.trainer import Trainer
+    from sweepbench.train.verify import LOSS_RTOL
+
+    trainer = Trainer(shape, plan, reference_options(opts), device=device)
+    if opts.padding_free:
+        from sweepbench.train.packing import check_documents
+
+        check_documents(trainer.parts[0], *batches.full(0), rtol=LOSS_RTOL[plan.precision])
+    return trainer
+
+
+def tokens_per_step(plan: Any, task: Any, steps: range) -> float:
+    """Tokens a step trains, averaged over ``steps``: real tokens (padding excluded) for packed
+    batches, every token otherwise."""
+    if not hasattr(task, "real_tokens"):
+        return float(plan.tokens_per_step)
+    return sum(task.real_tokens(s) for s in steps) / len(steps)

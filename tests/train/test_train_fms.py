@@ -1,0 +1,163 @@
+"""The fine-tune recipe knobs of benchmark=train, at tiny size on gloo ranks through the real CLI:
+the Hugging Face peer (transformers + peft) beside ours in one sweep, verified against our
+single-device reference at the same init; NF4-quantized base weights under LoRA, verified
+against the dequantized dense model; padding-free batches, verified against the documents run
+one by one, counting real tokens. Bad combinations are refused in one line before any rank."""
+
+from __future__ import annotations
+
+import csv
+from typing import Any
+
+import pytest
+import torch
+
+from ..conftest import SweepRun, planned_tag, run_sweepbench
+
+FAST = ["benchmark=train", "model=tiny", "backend=gloo", "benchmark.warmup=1", "benchmark.iters=3",
+        "wandb.mode=disabled", "benchmark.lora_rank=8"]
+PEERS = ["benchmark.impl=ours,hf", "parallelism=tp1,dp2"]
+QUANT = ["parallelism=dp2", "benchmark.dp_shard=ddp", "benchmark.quant=nf4"]
+PACKED = ["parallelism=dp2", "benchmark.padding_free=true", "benchmark.ac=full"]
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SweepRun]:
+    root = tmp_path_factory.mktemp("train_fms")
+    out = {}
+    for name, args in (("peers", PEERS), ("quant", QUANT), ("packed", PACKED)):
+        out[name] = run_sweepbench([*FAST, *args], sweep_dir=root / name, timeout=600)
+        assert out[name].rc == 0, out[name].describe()
+    return out
+
+
+def _verified(m: dict[str, Any], rel: float) -> None:
+    assert m["status"] == "ok" and m["verified"], m.get("error")
+    v = m["results"]["verification"]
+    assert len(v["layout_losses"]) == 2
+    for ref, got in zip(v["reference_losses"], v["layout_losses"]):
+        assert got == pytest.approx(ref, rel=rel)
+    losses = m["results"]["cases"][0]["loss_per_step"]
+    assert sum(losses[-3:]) / 3 < losses[0]
+
+
+@pytest.mark.parametrize("layout", ["tp1", "dp2"])
+def test_hf_peer_matches_our_reference_in_one_sweep(sweeps: dict[str, SweepRun], compose: Any, layout: str) -> None:
+    run = sweeps["peers"]
+    hf = run.metrics(planned_tag(compose, *FAST, "benchmark.impl=hf", f"parallelism={layout}"))
+    ours = run.metrics(planned_tag(compose, *FAST, "benchmark.impl=ours", f"parallelism={layout}"))
+    _verified(hf, 1e-4)  # fp32: HF's LlamaForCausalLM + peft from our weights computes our function
+    _verified(ours, 1e-4)
+    assert hf["results"]["recipe"]["impl"] == "hf" and ours["results"]["recipe"]["impl"] == "ours"
+    assert hf["results"]["num_trainable"] == ours["results"]["num_trainable"]  # the same adapters
+    assert hf["results"]["verification"]["reference_losses"] == ours["results"]["verification"]["reference_losses"]
+    for key in ("tokens_per_s_per_gpu", "mfu_pct", "step_median_s", "step_iqr_s", "step_min_s", "step_max_s"):
+        assert hf["results"]["summary"][key] > 0
+
+
+def test_results_csv_has_both_impls(sweeps: dict[str, SweepRun]) -> None:
+    with open(sweeps["peers"].sweep_dir / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(r["impl"] for r in rows) == ["hf", "hf", "ours", "ours"]
+    assert all(r["status"] == "ok" and float(r["tokens_per_s_per_gpu"]) > 0 for r in rows)
+
+
+def test_nf4_lora_verified_against_dequantized_model(sweeps: dict[str, SweepRun], compose: Any) -> None:
+    m = sweeps["quant"].metrics(planned_tag(compose, *FAST, *QUANT))
+    _verified(m, 1e-4)
+    assert m["results"]["summary"]["quant"] == "nf4"
+
+
+def test_padding_free_verified_and_counts_real_tokens(sweeps: dict[str, SweepRun], compose: Any) -> None:
+    m = sweeps["packed"].metrics(planned_tag(compose, *FAST, *PACKED))
+    _verified(m, 1e-4)
+    recipe, case = m["results"]["recipe"], m["results"]["cases"][0]
+    assert recipe["padding_free"] and recipe["packed_attention"] == "sdpa_mask"
+    assert 0 < recipe["tokens_per_step"] < case["tokens_per_step"]  # the rows' padded tails not counted
+    assert m["results"]["summary"]["tokens_per_s"] == pytest.approx(recipe["tokens_per_step"] / case["median_s"])
+
+
+def test_nf4_linear_forward_and_backward_match_dense() -> None:
+    from sweepbench.train.model import LoRALinear
+    from sweepbench.train.quant import NF4Linear, dequantize
+
+    torch.manual_seed(0)
+    dense = LoRALinear(64, 32, rank=4, alpha=8.0)
+    for p, std in ((dense.weight, 0.02), (dense.lora_a, 0.02), (dense.lora_b, 0.05)):
+        torch.nn.init.normal_(p, std=std)
+    base = dense.weight.detach().clone()
+    quant = NF4Linear(dense)
+    assert quant.weight.dtype == torch.uint8 and quant.weight.numel() * 2 == base.numel()  # 4 bits a weight
+    with torch.no_grad():
+        dense.weight.copy_(dequantize(base))
+    assert (dense.weight - base).abs().max() > 0  # NF4 rounds: the reference is the dequantized model
+    x = torch.randn(3, 5, 64, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    y_q, y_d = quant(x), dense(x2)
+    torch.testing.assert_close(y_q, y_d, rtol=1e-5, atol=1e-6)
+    y_q.square().sum().backward()
+    grads_q = (x.grad, quant.lora_a.grad, quant.lora_b.grad)
+    quant.lora_a.grad = quant.lora_b.grad = None
+    y_d.square().sum().backward()
+    for gq, gd in zip(grads_q, (x2.grad, dense.lora_a.grad, dense.lora_b.grad)):
+        torch.testing.assert_close(gq, gd, rtol=1e-4, atol=1e-6)
+
+
+def test_packed_attention_that_crosses_documents_is_caught() -> None:
+    from sweepbench.core import VerificationError
+    from sweepbench.train.data import SyntheticTask
+    from sweepbench.train.model import Attention, sdpa_attention
+    from sweepbench.train.packing import PackedTask, check_documents
+    from sweepbench.train.plan import TrainPlan
+    from sweepbench.train.shape import Shape
+    from sweepbench.train.trainer import TrainOptions, Trainer
+
+    shape = Shape(2, 32, 4, 2, 64, 128)
+    plan = TrainPlan(tp=1, pp=1, dp=1, cp=1, seq_len=64, micro_batch=2, global_batch=2, precision="fp32",
+                     stages_per_rank=1)
+    model = Trainer(shape, plan, TrainOptions(padding_free=True), device=torch.device("cpu")).parts[0]
+    task = PackedTask(SyntheticTask(vocab_size=128, seq_len=64, global_batch=2, seed=0), vocab_size=128)
+    x, y = task.batch(0)
+    assert check_documents(model, x, y, rtol=1e-5) < 1e-5
+    for m in model.modules():
+        if isinstance(m, Attention):
+            m.attn_fn = sdpa_attention  # causal over the whole packed row: documents see each other
+    with pytest.raises(VerificationError, match="documents run one by one"):
+        check_documents(model, x, y, rtol=1e-5)
+
+
+BASE = ["benchmark=train", "model=tiny", "backend=gloo", "parallelism=tp1"]
+BAD = {
+    "impl": (["benchmark.impl=nope"], "benchmark.impl='nope' is not valid; choose one of hf, ours"),
+    "hf_tp": (["benchmark.impl=hf", "parallelism=tp2"], "benchmark.impl=hf with parallelism tp=2 pp=1 cp=1"),
+    "hf_quant": (["benchmark.impl=hf", "benchmark.lora_rank=8", "benchmark.quant=nf4"],
+                 "benchmark.quant=nf4 with benchmark.impl=hf"),
+    "fms_foak": (["benchmark.impl=fms_foak"], "benchmark.impl=fms_foak (fms-acceleration-foak) is not an"),
+    "quant_full": (["benchmark.quant=nf4"], "benchmark.quant=nf4 needs LoRA (benchmark.lora_rank > 0, got 0)"),
+    "quant_fsdp": (["benchmark.quant=nf4", "benchmark.lora_rank=8", "parallelism=dp2"],
+                   "benchmark.quant=nf4 with benchmark.dp_shard=fsdp cannot be composed"),
+    "quant_name": (["benchmark.quant=int3"], "benchmark.quant='int3' is not valid; choose one of none, nf4"),
+    "fused_pp": (["benchmark.fused=liger", "parallelism=pp2", "benchmark.global_batch=2"],
+                 "benchmark.fused=liger with parallelism tp=1 pp=2 cp=1"),
+    "packed_cp": (["benchmark.padding_free=true", "parallelism=cp2"],
+                  "benchmark.padding_free=true with parallelism tp=1 pp=1 cp=2"),
+    "liger_cpu": (["benchmark.fused=liger"], "benchmark.fused=liger needs CUDA GPUs"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_recipe_refused_in_one_line(case: str, compose: Any) -> None:
+    from sweepbench.launch.preflight import validate
+
+    overrides, message = BAD[case]
+    with pytest.raises(ValueError) as err:
+        validate(compose(*BASE, *overrides))
+    text = str(err.value)
+    assert "\n" not in text and text.startswith(message), text
+
+
+def test_liger_on_cpu_exits_2_before_ranks(tmp_path: Any) -> None:
+    run = run_sweepbench([*BASE, "benchmark.fused=liger"], sweep_dir=tmp_path / "sweep")
+    assert run.rc == 2, run.describe()
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "benchmark.fused=liger needs CUDA GPUs" in lines[0], run.stderr
