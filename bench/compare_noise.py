@@ -13,7 +13,13 @@ with a load generator (a Python busy loop per core) for the whole run.
         --out multirun/compare_noise_cpu > /tmp/compare_noise.log 2>&1 &
 
 Resumable: a sweep whose results.csv says every job is ok is not run again (rerun the same
-command after a stop); the comparisons are always recomputed from the sweeps on disk."""
+command after a stop); the comparisons are always recomputed from the sweeps on disk.
+
+``--interleave``: the three sweeps of a pair take turns round by round, as a user alternates two
+checkouts on one machine: base, twin and slow each run rounds 1-2 (``sweep.repeats=2``), then each
+adds round 3 (``sweep.repeats=3``: resume runs only the round not yet done), and so on up to
+``--repeats``. Every side's rounds then span the same minutes, so a change of the machine between
+sweeps falls on all three alike instead of on one side."""
 
 from __future__ import annotations
 
@@ -37,9 +43,10 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def sweep_args(args: argparse.Namespace, kind: str) -> list[str]:
+def sweep_args(args: argparse.Namespace, kind: str, repeats: int = 0) -> list[str]:
     grid = args.grid.split() if args.grid else GRID
-    return [*grid, f"benchmark.iters={args.iters}", f"sweep.repeats={args.repeats}", *(SLOW if kind == "slow" else [])]
+    return [*grid, f"benchmark.iters={args.iters}", f"sweep.repeats={repeats or args.repeats}",
+            *(SLOW if kind == "slow" else [])]
 
 
 def complete(sweep_dir: Path) -> bool:
@@ -47,15 +54,15 @@ def complete(sweep_dir: Path) -> bool:
     return csv.exists() and len(t := pd.read_csv(csv)) > 0 and bool((t["status"] == "ok").all())
 
 
-def run_sweep(args: argparse.Namespace, sweep_dir: Path, kind: str) -> dict:
-    if complete(sweep_dir):  # its combined records rebuilt from its rounds by this checkout's code
+def run_sweep(args: argparse.Namespace, sweep_dir: Path, kind: str, repeats: int = 0) -> dict:
+    if not repeats and complete(sweep_dir):  # its combined records rebuilt from its rounds by this checkout's code
         from sweepbench.sweep.rounds import write_combined
 
         tags = [p.name for p in sweep_dir.iterdir() if (p / "rounds").is_dir()]
         write_combined(sweep_dir, tags, repeats=args.repeats, crashed={})
         return {"dir": str(sweep_dir), "ran": False}
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    argv = [sys.executable, "-m", "sweepbench", "-m", *sweep_args(args, kind), f"hydra.sweep.dir={sweep_dir}"]
+    argv = [sys.executable, "-m", "sweepbench", "-m", *sweep_args(args, kind, repeats), f"hydra.sweep.dir={sweep_dir}"]
     before, tic = load(), time.monotonic()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True)
     info = {"dir": str(sweep_dir), "ran": True, "rc": proc.returncode, "wall_s": round(time.monotonic() - tic, 1),
@@ -89,8 +96,10 @@ def markdown(summary: dict) -> str:
     lines = [f"# compare on identical CPU sweeps: false alarms and power", "",
              f"Command: `{summary['command']}`", "",
              f"Each pair: base, twin (same config) and slow (`{' '.join(SLOW)}`) sweeps of "
-             f"`{' '.join(summary['sweep'])}`, run one after the other; `sweepbench compare base twin` "
-             f"and `sweepbench compare base slow`. compare's rule (docs/reports.md): the ratio beyond the noise "
+             f"`{' '.join(summary['sweep'])}`, "
+             + ("taking turns round by round (`--interleave`: base, twin and slow each add one round per turn); "
+                if summary.get("interleave") else "run one after the other; ")
+             + f"`sweepbench compare base twin` and `sweepbench compare base slow`. compare's rule (docs/reports.md): the ratio beyond the noise "
              f"threshold and a t-test on the rounds whose p, adjusted over the comparison's cases "
              f"(Benjamini-Hochberg q), is < 0.01.", "",
              f"- pairs: {summary['pairs']} of {summary['pairs_asked']} asked, cases per comparison: "
@@ -137,6 +146,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--grid", default="", help=f"the sweep's overrides (default: {' '.join(GRID)})")
     parser.add_argument("--busy", type=int, default=0, help="cores kept busy by a load generator during the run")
+    parser.add_argument("--interleave", action="store_true",
+                        help="the pair's three sweeps take turns round by round (see the module docstring)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/compare_noise"), help="where the sweeps go")
     parser.add_argument("--out", type=Path, default=Path("multirun/compare_noise_cpu"),
                         help="OUT.json and OUT.md are written")
@@ -160,7 +171,13 @@ def run_pairs(args: argparse.Namespace) -> None:
     for i in range(1, args.pairs + 1):
         print(f"pair {i}/{args.pairs}", flush=True)
         dirs = {k: args.work / f"pair{i:02d}" / k for k in ("base", "twin", "slow")}
-        sweeps = {k: run_sweep(args, d, k) for k, d in dirs.items()}
+        if args.interleave and not all(complete(d) for d in dirs.values()):
+            turns = [{k: run_sweep(args, d, k, repeats=r) for k, d in dirs.items()} for r in range(2, args.repeats + 1)]
+            sweeps = {k: {"dir": str(d), "ran": True, "turns": [t[k] for t in turns],
+                          "wall_s": round(sum(t[k].get("wall_s", 0) for t in turns), 1),
+                          "rc": max(t[k].get("rc", 0) for t in turns)} for k, d in dirs.items()}
+        else:
+            sweeps = {k: run_sweep(args, d, k) for k, d in dirs.items()}
         sweeps = {k: v if v["ran"] else earlier.get((i, k), v) for k, v in sweeps.items()}
         twin = compare(dirs["base"], dirs["twin"], dirs["twin"])
         slow = compare(dirs["base"], dirs["slow"], dirs["slow"])
@@ -190,7 +207,7 @@ def summarize(args: argparse.Namespace, per_pair: list[dict], *, tic: float, loa
                                                                for v in ("slower", "faster"))),
         "gate_rcs": {"twin": Counter(p["twin"].get("gate_rc") for p in per_pair),
                      "slow": Counter(p["slow"].get("gate_rc") for p in per_pair)},
-        "busy_cores": args.busy, "cpu_count": os.cpu_count(),
+        "busy_cores": args.busy, "cpu_count": os.cpu_count(), "interleave": args.interleave,
         "sweep_wall_s": sum(v.get("wall_s", 0) for p in per_pair for v in p["sweeps"].values()),
         "wall_s": time.monotonic() - tic, "load_start": load_start, "load_end": load(), "per_pair": per_pair,
     }
