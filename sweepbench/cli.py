@@ -100,6 +100,7 @@ usage:
   python -m sweepbench -m ... hydra/launcher=slurm          submit the jobs to SLURM (docs/slurm.md)
   sweepbench report SWEEP_DIR [--wandb]                     the sweep's report.html (and a wandb workspace view)
   sweepbench compare BASELINE CANDIDATE [--fail-on-regression]   faster, slower or unchanged, and is the gap real
+  sweepbench store list|clear [--dir DIR]                   the kept baselines (attention's T1): list or remove
 
 benchmarks (benchmark=NAME):
 {benchmarks}
@@ -108,7 +109,8 @@ config groups (group=option):
 {groups}
 
 switches: sweep.repeats=N (fresh processes per round), sweep.on_unfit=skip|refuse (jobs that do not fit),
-  sweep.force=true (rerun jobs already ok), backend=auto|gloo|nccl, launch.timeout_s=S, fault.kind=...
+  sweep.force=true (rerun jobs already ok), backend=auto|gloo|nccl, launch.timeout_s=S, fault.kind=...,
+  store.refresh=true (measure baselines afresh), store.enabled=false, store.dir=DIR, store.max_mb=MiB
   Any key of the composed config can be overridden (key=value); --cfg job prints it.
 
 docs: README.md, docs/running.md (every switch), docs/slurm.md, docs/reports.md, docs/benchmarks/
@@ -139,8 +141,9 @@ def _stop_early(signum: int, frame: object) -> None:
 
 
 def main() -> None:
+    from sweepbench.measure.store_cli import maybe_run as maybe_store  # `sweepbench store list|clear`
     from sweepbench.report.cli import maybe_run  # `sweepbench report|compare ...`; imported lazily
-    if maybe_run():
+    if maybe_run() or maybe_store():
         return
     if any(arg in HELP_FLAGS for arg in sys.argv[1:]):
         print(help_page())

@@ -38,14 +38,26 @@ SWEEP_TIMEOUT_S = 240
 TERMINAL = {"TTY_COMPATIBLE": "1", "NO_COLOR": "1", "TERM": "dumb"}
 
 
+# the store of baselines the test session's sweeps share (not the user's ~/.cache), removed at the end
+TEST_STORE = Path(os.environ.get("TMPDIR", "/tmp")) / f"sweepbench-test-store-{os.getpid()}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _test_store() -> Iterator[None]:
+    yield
+    import shutil
+
+    shutil.rmtree(TEST_STORE, ignore_errors=True)
+
+
 def base_env(**extra: str) -> dict[str, str]:
     """The environment of a sweep: this one, made hermetic (offline wandb, Hydra's own errors
-    left to sweepbench, no inherited secrets), plus ``extra``."""
+    left to sweepbench, no inherited secrets, the session's store of baselines), plus ``extra``."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("WANDB_") and k != "HYDRA_FULL_ERROR"
            and not any(m in k.upper() for m in ("KEY", "TOKEN", "SECRET", "PASSWORD"))}
     env.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1",
-                "SWEEPBENCH_TEST_RUN": uuid.uuid4().hex})
+                "SWEEPBENCH_TEST_RUN": uuid.uuid4().hex, "SWEEPBENCH_STORE_DIR": str(TEST_STORE)})
     env.update(extra)
     return env
 

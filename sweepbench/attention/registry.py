@@ -39,6 +39,9 @@ class ImplSpec:
     context: str = ""  # "module:function": a context that must cover forward and backward
     own_comm: bool = True  # communicates through sweepbench's Comm (so LocalComm times it without communication)
     dilated_placement: str = ""  # the layout for pattern=dilated where it differs from ``placement``
+    # on one rank (W=1), dense: one call of the SDPA kernel over the whole sequence, the call T1 times
+    # (so the runner takes that job's fwd+bwd from T1 rather than timing it again)
+    one_rank_is_t1: bool = False
 
     def placement_for(self, pattern: str) -> str:
         """How the caller must lay out tokens for ``pattern``."""
@@ -70,15 +73,15 @@ _E = "sweepbench.attention.impls"
 register_impl(ImplSpec("ring", "zigzag", f"{_E}:ring",
                        "zigzag ring, K/V packed, batched async p2p overlapped with compute; dilated: contiguous "
                        "chunks, a segment's sparse K/V sent only among the ranks it covers",
-                       dilated_placement="contiguous"))
+                       dilated_placement="contiguous", one_rank_is_t1=True))
 register_impl(ImplSpec("ring_naive", "contiguous", f"{_E}:ring_naive",
-                       "contiguous ring without overlap (what balancing and overlap buy)"))
+                       "contiguous ring without overlap (what balancing and overlap buy)", one_rank_is_t1=True))
 register_impl(ImplSpec("allgather", "zigzag", f"{_E}:allgather", "Llama-3 style: all-gather K/V, Q local"))
 register_impl(ImplSpec("ulysses", "contiguous", f"{_E}:ulysses", "all-to-all over heads",
-                       heads_divisor=_whole))
+                       heads_divisor=_whole, one_rank_is_t1=True))
 register_impl(ImplSpec("usp", "usp", "sweepbench.attention.usp:usp",
                        "Ulysses inside groups of usp_degree(W) ranks x zigzag ring across them (USP)",
-                       heads_divisor=usp_degree))
+                       heads_divisor=usp_degree, one_rank_is_t1=True))
 register_impl(ImplSpec("torch_cp", "zigzag", "sweepbench.attention.torch_cp:torch_cp_attention",
                        "torch.distributed.tensor.experimental.context_parallel (head-tail load balancer)",
                        device_types=("cuda",), patterns=("dense",), causal_only=True,

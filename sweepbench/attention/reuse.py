@@ -1,120 +1,122 @@
-"""T1 and the single-device reference, kept in the sweep directory and reused by the sweep's later
-jobs of the same case: ``<sweep dir>/.sweepbench-cache/attention/<key hash>/``.
+"""T1 and the single-device reference in the store of baselines (``sweepbench.measure.store``),
+kind ``attention-t1``: measured once per key, reused by any later job, sweep or round with it.
 
 The key holds everything they depend on: the shape, dtype, mask and pattern, the seed of the
-inputs, T1's iterations and candidates, the device's name and the software (torch, CUDA, cuDNN,
-threads). A job of a multirun finds its sweep directory as its job directory's parent (Hydra's
-``hydra.sweep.dir``, which holds ``multirun.yaml``); a single run keeps nothing. One job at a time
-measures a key (an flock on the key's lock file); the files are written atomically, ``entry.json``
-last (what makes the entry exist). With ``sweep.force=true`` an entry is reused only if this same
-sweep run wrote it (``multirun.yaml`` is rewritten when a sweep starts: its inode and mtime name
-the run)."""
+inputs, T1's iterations and candidates, the device's name and driver and the software (torch,
+CUDA, cuDNN, threads). Beside each entry of T1 (``t1``: {"stats", "refused", "pruned",
+"times_s"}; ``reference.pt``), entries of their own hold T1 at the per-GPU length of a backend
+(``t1_local_s``) and each shape's ranking of the backends by length (``lengths``: what
+``prune`` reads to leave out a backend that lost clearly at a shorter length)."""
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import json
-import os
 import platform
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
-from sweepbench.record.atomic import read_json, write_json_atomic
+from sweepbench.measure.store import Entry, Store
 
-CACHE_DIR = ".sweepbench-cache/attention"
-SWEEP_MARK = "multirun.yaml"
+KIND = "attention-t1"
+REFERENCE = "reference.pt"
+# a backend is left out at length L when, at the longest shorter length of the same shape, its median
+# was above PRUNE_FACTOR x the best's and its fastest sample slower than the best's slowest
+PRUNE_RULE = ("left out at this length: at {shorter} tokens its median {median:.4g} s was {ratio:.2f}x the best's "
+              "({best} {best_median:.4g} s; > factor {factor:g}) and its fastest sample {low:.4g} s slower than "
+              "the best's slowest {best_high:.4g} s")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()}".strip()
 
 
 def software_key(device: torch.device) -> dict[str, Any]:
-    """The device's name and the software versions that T1 and the reference depend on."""
+    """The device's name and driver and the software versions that T1 and the reference depend on."""
+    from sweepbench.record.env import gpu_info
+
     cuda = device.type == "cuda"
     return {
-        "device": torch.cuda.get_device_name(device) if cuda else f"{platform.machine()} {platform.processor()}",
+        "device": torch.cuda.get_device_name(device) if cuda else _cpu_name(),
+        "driver": gpu_info()["driver"] if cuda else None,
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if cuda and torch.backends.cudnn.is_available() else None,
         "num_threads": torch.get_num_threads(),
     }
 
 
-class SweepStore:
-    """The cache of one sweep directory, as seen by rank 0 of one job."""
-
-    def __init__(self, sweep_dir: Path, *, force: bool) -> None:
-        mark = (sweep_dir / SWEEP_MARK).stat()
-        self.root = sweep_dir / CACHE_DIR
-        self.run = f"{mark.st_ino}-{mark.st_mtime_ns}"
-        self.force = force
-
-    @classmethod
-    def of_job(cls, job_dir: Path | None, *, force: bool) -> "SweepStore | None":
-        """The store of the sweep ``job_dir`` belongs to; None outside a multirun."""
-        if job_dir is None or not (job_dir.parent / SWEEP_MARK).is_file():
-            return None
-        return cls(job_dir.parent, force=force)
-
-    @contextmanager
-    def entry(self, key: dict[str, Any]) -> Iterator["Entry"]:
-        """The key's entry, held for this job alone until the block ends."""
-        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
-        where = self.root / digest
-        where.mkdir(parents=True, exist_ok=True)
-        fd = os.open(where / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield Entry(where, key=key, run=self.run, force=self.force)
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+@contextmanager
+def t1_entry(store: Store | None, key: dict[str, Any]) -> Iterator["T1Entry | None"]:
+    """The key's entry, held for this job alone until the block ends (None without a store)."""
+    if store is None:
+        yield None
+        return
+    with store.entry(KIND, key) as entry:
+        yield T1Entry(entry)
 
 
-class Entry:
-    def __init__(self, where: Path, *, key: dict[str, Any], run: str, force: bool) -> None:
-        self.where, self.key, self.run = where, key, run
-        meta = read_json(where / "entry.json")
-        usable = isinstance(meta, dict) and meta.get("key") == json.loads(json.dumps(key, default=str))
-        self.meta = meta if usable and (not force or meta.get("run") == run) else None
+def _valid_t1(t1: Any) -> bool:
+    return (isinstance(t1, dict) and isinstance(t1.get("stats"), dict) and isinstance(t1.get("refused"), dict)
+            and all(isinstance(s, dict) and isinstance(s.get("median_s"), (int, float))
+                    for s in t1["stats"].values()))
+
+
+class T1Entry:
+    """T1, the reference and the values stored beside them, in one store entry."""
+
+    def __init__(self, entry: Entry) -> None:
+        self.entry = entry
+
+    @property
+    def measured(self) -> dict[str, Any] | None:
+        """Where and when the entry's values were measured (``measure.store.Entry.measured``)."""
+        return self.entry.measured
 
     def t1(self) -> dict[str, Any] | None:
-        """{"stats": {backend: stats}, "refused": {backend: why}} as a previous job measured it."""
-        return self.meta["t1"] if self.meta else None
+        """{"stats": {backend: stats}, "refused": {backend: why}, ...} as an earlier job measured it."""
+        t1 = self.entry.value("t1")
+        if t1 is not None and not _valid_t1(t1):
+            print(f"sweepbench: ignoring store entry {self.entry.where} (its t1 is not T1's); measuring again",
+                  flush=True)
+            return None
+        return t1
 
     def value(self, name: str) -> Any:
-        """A value a previous job of the sweep stored in this entry with ``put`` (None: none)."""
-        return self.meta.get(name) if self.meta else None
+        return self.entry.value(name)
 
     def put(self, name: str, value: Any) -> None:
-        """Store a value for the sweep's later jobs (an entry of its own key, without a reference)."""
-        self.meta = {"key": self.key, "run": self.run, name: value}
-        write_json_atomic(self.where / "entry.json", self.meta)
+        """Store a value for later jobs (an entry of its own key, without a reference)."""
+        self.entry.put({name: value})
 
     def reference(self, device: torch.device) -> list[torch.Tensor] | None:
-        if not self.meta:
+        path = self.entry.file(REFERENCE)
+        if path is None:
             return None
         try:
-            return torch.load(self.where / "reference.pt", map_location=device, weights_only=True, mmap=True)
-        except Exception:  # noqa: BLE001 - unreadable (torn by a crash, another torch): measured again
+            ref = torch.load(path, map_location=device, weights_only=True, mmap=True)
+        except Exception as err:  # noqa: BLE001 - torn by a crash, another torch, hostile: measured again
+            print(f"sweepbench: ignoring store file {path} ({type(err).__name__}); measuring again", flush=True)
             return None
+        if not isinstance(ref, list) or not all(isinstance(x, torch.Tensor) for x in ref):
+            print(f"sweepbench: ignoring store file {path} (not a list of tensors); measuring again", flush=True)
+            return None
+        return ref
 
     def reference_tmp(self) -> Path:
         """A fresh temporary in the entry's folder for the reference (``commit`` makes it the
         entry's; the writer, this process or T1's child, streams it there)."""
-        fd, tmp = tempfile.mkstemp(dir=self.where, prefix=".reference.pt.", suffix=".tmp")
-        os.close(fd)
-        return Path(tmp)
+        return self.entry.temp_file(REFERENCE)
 
     def commit(self, t1: dict[str, Any], tmp: Path) -> None:
-        """The written temporary becomes the entry's reference.pt (renamed: record.atomic's pattern,
-        without its in-memory copy and fsync: GiBs at long sequences; a torn file after a crash
-        fails to load and is remade), then entry.json, which makes the entry exist."""
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, self.where / "reference.pt")
-        self.meta = {"key": self.key, "run": self.run, "t1": t1}
-        write_json_atomic(self.where / "entry.json", self.meta)
+        """The written temporary becomes the entry's reference.pt, then entry.json holds T1."""
+        self.entry.put({"t1": t1}, files={REFERENCE: tmp})
 
     def save(self, t1: dict[str, Any], reference: list[torch.Tensor]) -> None:
         tmp = self.reference_tmp()
@@ -125,3 +127,39 @@ class Entry:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+
+
+def prune(lengths: dict[str, Any] | None, *, seq_len: int, candidates: list[str],
+          factor: float) -> dict[str, str]:
+    """{backend: why} of the candidates that lost clearly at the longest length below ``seq_len``
+    this shape was measured at (``PRUNE_RULE``); {} with ``factor`` 0 or nothing shorter."""
+    if not factor or not isinstance(lengths, dict):
+        return {}
+    shorter = [int(n) for n in lengths if n.isdigit() and int(n) < seq_len and isinstance(lengths[n], dict)]
+    if not shorter:
+        return {}
+    at = max(shorter)
+    stats = {b: s for b, s in lengths[str(at)].items()
+             if isinstance(s, dict) and all(isinstance(s.get(k), (int, float)) for k in ("median_s", "min_s", "max_s"))}
+    if len(stats) < 2:
+        return {}
+    best = min(stats, key=lambda b: stats[b]["median_s"])
+    b0 = stats[best]
+    why = {}
+    for b in candidates:
+        s = stats.get(b)
+        if b == best or s is None:
+            continue
+        ratio = s["median_s"] / b0["median_s"]
+        if ratio > factor and s["min_s"] > b0["max_s"]:
+            why[b] = PRUNE_RULE.format(shorter=at, median=s["median_s"], ratio=ratio, best=best,
+                                       best_median=b0["median_s"], factor=factor, low=s["min_s"],
+                                       best_high=b0["max_s"])
+    return why
+
+
+def measured_note(measured: dict[str, Any] | None) -> str:
+    """'measured <when> on <host> by <job>': where a reused value comes from."""
+    if not measured:
+        return "measured by this job"
+    return f"reused: measured {measured.get('at')} on {measured.get('host')} by {measured.get('job') or 'a job'}"

@@ -10,8 +10,10 @@ so it has none). An impl with a context (``ImplSpec.context``, torch_cp's ``cont
 it opened once around each loop (verification; each timing loop's warm-up and timed iterations
 together), as its users run it, not per iteration; each entry's time is kept (``context_entry_s``).
 
-T1 and the reference come from ``single`` (each backend in a child process), or from the sweep's
-store (``reuse``) when an earlier job of the sweep measured the same case."""
+T1 and the reference come from ``single`` (each backend in a child process), or from the store
+of baselines (``reuse``, ``sweepbench.measure.store``) where an earlier job measured the same case.
+At W=1, where the impl runs the kernel T1 timed (``ImplSpec.one_rank_is_t1``, dense, the same SDPA
+backend), the fwd+bwd total is T1's samples of that backend, not timed again."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from sweepbench.attention.dilated import branches_of
 from sweepbench.attention.ops import backends_for
 from sweepbench.attention.placement import shard_sequence, unshard_sequence
 from sweepbench.attention.registry import get_impl
-from sweepbench.attention.reuse import SweepStore
+from sweepbench.attention.reuse import measured_note
 from sweepbench.attention.scaling import Shape, attention_flops, make_inputs, mismatch, peak_tflops
 from sweepbench.attention.efficiency import efficiency, efficiency_local
 from sweepbench.attention.single import T1Case, t1_and_reference, t1_local
@@ -38,6 +40,7 @@ from sweepbench.core import VerificationError
 from sweepbench.measure import summarize, time_iterations
 from sweepbench.measure.memory import memory_peaks, reset_peaks
 from sweepbench.measure.progress import case_done
+from sweepbench.measure.store import Store
 
 FLOP_NOTE = ("forward 4*B*H*D per attended (query, key) pair, causal = half the pairs, dilated = the "
              "branches' pairs; backward 2.5x forward; TFLOP/s = FLOPs / median time")
@@ -72,8 +75,8 @@ def _candidates(device: torch.device, dtype: torch.dtype) -> list[str]:
 def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, batch: int, heads: int, kv_heads: int,
              head_dim: int, seq_len: int, dtype: str, causal: bool, backward: bool, impl: str, pattern: str,
              segment_lengths: list[int], dilation_rates: list[int], sdpa_backend: str, rotate_method: str,
-             warmup: int, iters: int, t1_iters: int, t1_fault: str = "",
-             store: SweepStore | None = None) -> tuple[dict[str, Any], dict[str, float]]:
+             warmup: int, iters: int, t1_iters: int, t1_fault: str = "", t1_prune_factor: float = 0.0,
+             store: Store | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     phase_s: dict[str, float] = {}
     tic = time.perf_counter()
     dt = getattr(torch, dtype)
@@ -83,8 +86,9 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
     t1_case = T1Case(batch, heads, kv_heads, seq_len, head_dim, dtype, str(device), seed, causal, backward, pattern,
                      [[b.segment, b.rate] for b in branches] if pattern == "dilated" else [], t1_iters,
                      torch.get_num_threads())
-    t1, reference, t1_reused = t1_and_reference(rank, inputs, t1_case, candidates=_candidates(device, dt),
-                                                fault=t1_fault, store=store)
+    t1, reference, t1_source = t1_and_reference(rank, inputs, t1_case, candidates=_candidates(device, dt),
+                                                fault=t1_fault, store=store, prune_factor=t1_prune_factor)
+    t1_reused = t1_source["reused"]
     t1_stats = t1["stats"]
     t1_backend = min(t1_stats, key=lambda n: t1_stats[n]["median_s"])
     backend = t1_backend if sdpa_backend == "auto" else sdpa_backend
@@ -92,12 +96,16 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
                           candidates=_candidates(device, dt), fault=t1_fault, device=device, store=store)
     spec = get_impl(impl)
     placement = spec.placement_for(pattern)
-    steps = 3 + spec.own_comm  # T1, verified, timed, and the same without communication
+    # W=1 running T1's kernel: its fwd+bwd is what T1 timed, and it has no communication to leave out
+    total_is_t1 = (world_size == 1 and spec.one_rank_is_t1 and pattern == "dense" and backend == t1_backend
+                   and bool((t1.get("times_s") or {}).get(backend)))
+    no_comm_loop = spec.own_comm and not total_is_t1
+    steps = 3 + no_comm_loop  # T1, verified, timed, and the same without communication
     phase_s["t1_and_reference"] = time.perf_counter() - tic
     if not t1_reused:  # its parts, where this job measured them (T1's children, the reference)
         phase_s.update({f"t1_{k}": v for k, v in (t1.get("phase_s") or {}).items()})
     case_done(f"T1 (one device, {t1_backend}): {t1_stats[t1_backend]['median_s'] * 1e3:.3g} ms"
-              f"{' (reused from the sweep)' if t1_reused else ''}", total=steps)
+              f"{' (' + measured_note(t1_source['measured']) + ')' if t1_reused else ''}", total=steps)
     tic = time.perf_counter()
     mine = [shard_sequence(x, dim=2, rank=rank, world_size=world_size, placement=placement) for x in inputs]
     del inputs
@@ -164,6 +172,8 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
     def bwd_only() -> None:
         holder.pop("out").backward(ldout)
 
+    if total_is_t1:  # the peaks then cover the fwd and bwd loops (fwd+bwd each iteration)
+        reset_peaks(device)
     with opened():
         fwd = time_iterations(lambda: forward(comm), warmup=warmup, iters=iters, device=device)
     with opened():
@@ -179,19 +189,25 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
         _sync(device)
         own.append(time.perf_counter() - start)
 
-    reset_peaks(device)
-    with opened():
-        tot = time_iterations(timed_step, warmup=warmup, iters=iters, device=device)
-    memory = memory_peaks(device)
+    if total_is_t1:  # what T1 timed (fwd+bwd of this kernel on one device); peaks over the bwd loop's fwd+bwd
+        tot = list(t1["times_s"][backend])
+        own = tot
+        memory = memory_peaks(device)
+    else:
+        reset_peaks(device)
+        with opened():
+            tot = time_iterations(timed_step, warmup=warmup, iters=iters, device=device)
+        memory = memory_peaks(device)
     tot_stats = summarize(tot)
-    case_done(f"{impl} W={world_size} timed: {tot_stats['median_s'] * 1e3:.3g} ms", total=steps)
+    case_done(f"{impl} W={world_size} {'total from T1' if total_is_t1 else 'timed'}: "
+              f"{tot_stats['median_s'] * 1e3:.3g} ms", total=steps)
     no_comm = None
-    if spec.own_comm:
+    if no_comm_loop:
         with opened():
             no_comm = time_iterations(total(LocalComm()), warmup=warmup, iters=iters, device=device)
         case_done(f"{impl} W={world_size} timed without communication", total=steps)
     phase_s["timing"] = time.perf_counter() - tic
-    own_median = summarize(own[-iters:])["median_s"]
+    own_median = summarize(own[-len(tot):])["median_s"]
     per_rank = [None] * world_size
     dist.all_gather_object(per_rank, {"total_median_s": own_median, **memory, **(sent if spec.own_comm else {})})
     worst = torch.tensor(entries, dtype=torch.float64, device=device)
@@ -200,7 +216,7 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
     return _report(locals())
 
 
-def _report(v: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
+def _report(v: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The case dict (metrics.json) and the summary (results.csv, wandb) of ``run_case``'s locals."""
     w, shape, device, spec = v["world_size"], v["shape"], v["device"], v["spec"]
     stats = {"fwd": summarize(v["fwd"]), "total": v["tot_stats"]}
@@ -229,7 +245,13 @@ def _report(v: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
         "per_rank": v["per_rank"], "t1_backend": v["t1_backend"], "t1_s": t1,
         "t1_backends": {n: s["median_s"] for n, s in v["t1_stats"].items()},
         "t1_refused": v["t1"]["refused"],  # backend -> why it cannot run this case (its probe failed or died)
-        "t1_reused": v["t1_reused"], "reference_reused": v["t1_reused"],  # from an earlier job of the sweep
+        "t1_reused": v["t1_reused"], "reference_reused": v["t1_reused"],  # from the store: an earlier job's
+        # where and when T1 and the reference were measured ({"at", "host", "job", "store"}; None without a store)
+        "t1_measured": v["t1_source"]["measured"],
+        "t1_pruned": v["t1"].get("pruned") or {},  # backend -> why it was not timed at this length
+        "t1_prune_factor": v["t1_prune_factor"],
+        # "t1": the fwd+bwd samples are T1's of the same kernel (W=1), not timed again; "timed": this job's
+        "total_from": "t1" if v["total_is_t1"] else "timed", "total_iters": len(v["tot"]),
         "t1_iters": v["t1_iters"], "phase_s": v["phase_s"],  # wall seconds of T1+reference, verify (its first run), timing
         # an impl with a context (torch_cp): entered once around each loop, warm-up and timed iterations
         "context_entries": len(v["context_entries"]) if spec.context else None,
@@ -267,5 +289,9 @@ def _report(v: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
     if spec.context:
         summary["context_entry_ms"] = case["context_entry_s"] * 1e3
     summary["t1_reused"] = float(v["t1_reused"])
+    summary["total_from_t1"] = float(v["total_is_t1"])
     assert all(math.isfinite(x) for x in summary.values())
-    return case, summary
+    measured = v["t1_source"]["measured"] or {}
+    text = {"t1_measured_at": measured.get("at"), "t1_measured_on": measured.get("host"),
+            "t1_measured_by": measured.get("job")}
+    return case, {**summary, **{k: x for k, x in text.items() if x}}

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from sweepbench.attention.reuse import Entry, SweepStore
+    from sweepbench.attention.reuse import T1Entry
+    from sweepbench.measure.store import Store
 
 PREFIX = "t1-probe "
 FAULT = "fault"
@@ -115,47 +116,72 @@ def probe_backends(case: T1Case, candidates: list[str], *, fault: str = "", spen
 
 
 def t1_and_reference(rank: int, inputs: list["torch.Tensor"], case: T1Case, *, candidates: list[str], fault: str,
-                     store: "SweepStore | None") -> tuple[dict[str, Any], list["torch.Tensor"] | None, bool]:
-    """T1 ({"stats": {backend: stats}, "refused": {backend: why}}, on every rank), the reference
-    (out, dq, dk, dv) of T1's fastest backend (rank 0; None elsewhere) and whether both came from
-    the sweep's store. No backend left fails the job."""
+                     store: "Store | None", prune_factor: float = 0.0,
+                     ) -> tuple[dict[str, Any], list["torch.Tensor"] | None, dict[str, Any]]:
+    """T1 ({"stats": {backend: stats}, "refused": {backend: why}, "pruned": {backend: why},
+    "times_s": {backend: samples}}, on every rank), the reference (out, dq, dk, dv) of T1's fastest
+    backend (rank 0; None elsewhere) and where they came from ({"reused": whether both came from
+    the store, "measured": where and when they were measured, None without a store}). A backend
+    that lost clearly at a shorter length of the same shape (``reuse.prune``, ``prune_factor``)
+    is not timed. No backend left fails the job."""
     import torch
 
-    t1, reference, reused = None, None, False
+    from sweepbench.attention.reuse import prune, t1_entry
+
+    t1, reference, source = None, None, {"reused": False, "measured": None}
     if rank == 0:
         device = inputs[0].device
-        with store.entry(_t1_key(case, candidates, fault, device)) if store else nullcontext() as entry:
+        key = _t1_key(case, candidates, fault, device)
+        with t1_entry(store, key) as entry:
             t1 = entry.t1() if entry else None
             reference = entry.reference(device) if t1 else None
             reused = reference is not None
             if not reused:
-                t1, reference = _measure(inputs, case, candidates=candidates, fault=fault, entry=entry)
-    box = [(t1, reused)]
+                with t1_entry(store, _ranking_key(key)) as ranking:
+                    pruned = prune(ranking.value("lengths") if ranking else None, seq_len=case.seq_len,
+                                   candidates=candidates, factor=prune_factor)
+                t1, reference = _measure(inputs, case, candidates=[c for c in candidates if c not in pruned],
+                                         fault=fault, entry=entry, pruned=pruned)
+                if ranking is not None:
+                    with t1_entry(store, _ranking_key(key)) as ranking:
+                        lengths = ranking.value("lengths")
+                        lengths = dict(lengths) if isinstance(lengths, dict) else {}
+                        lengths[str(case.seq_len)] = {b: {k: s[k] for k in ("median_s", "min_s", "max_s")}
+                                                      for b, s in t1["stats"].items()}
+                        ranking.put("lengths", lengths)
+            source = {"reused": reused, "measured": entry.measured if entry else None}
+    box = [(t1, source)]
     torch.distributed.broadcast_object_list(box, src=0)
-    t1, reused = box[0]
+    t1, source = box[0]
     if not t1["stats"]:
         raise RuntimeError(f"the whole sequence does not run on one device with any SDPA backend, so there is "
                            f"no T1 and no reference: {t1['refused']}")
-    return t1, reference, reused
+    return t1, reference, source
 
 
 def _t1_key(case: T1Case, candidates: list[str], fault: str, device: "torch.device") -> dict[str, Any]:
-    """What T1 and the reference of ``case`` depend on: the sweep's store files them by it."""
+    """What T1 and the reference of ``case`` depend on: the store files them by it."""
     from sweepbench.attention.reuse import software_key
 
     return {**{k: v for k, v in asdict(case).items() if k not in ("device", "num_threads")},
             "candidates": candidates, "fault": fault, **software_key(device)}
 
 
+def _ranking_key(key: dict[str, Any]) -> dict[str, Any]:
+    """The shape's ranking of the backends by length: T1's key without the length."""
+    return {**{k: v for k, v in key.items() if k != "seq_len"}, "ranking": True}
+
+
 def t1_local(rank: int, case: T1Case, *, world_size: int, backend: str, candidates: list[str], fault: str,
-             device: "torch.device", store: "SweepStore | None") -> float | None:
+             device: "torch.device", store: "Store | None") -> float | None:
     """T1 at the per-GPU length (median seconds of one device at ``seq_len // world_size`` with
-    ``backend``; on every rank), the base of ``efficiency_local``: from the sweep's store where a
-    job of the sweep measured that length (its T1, or this value), else measured in a child as T1
-    is and stored. None at W=1, for a dilated pattern (its segments are sized for the whole
-    length) and where the backend refuses the shorter sequence."""
+    ``backend``; on every rank), the base of ``efficiency_local``: from the store where a job
+    measured that length (its T1, or this value), else measured in a child as T1 is and stored.
+    None at W=1, for a dilated pattern (its segments are sized for the whole length) and where the
+    backend refuses the shorter sequence."""
     import torch
 
+    from sweepbench.attention.reuse import t1_entry
     from sweepbench.measure import summarize
 
     if world_size == 1 or case.pattern != "dense" or case.seq_len % world_size:
@@ -164,12 +190,13 @@ def t1_local(rank: int, case: T1Case, *, world_size: int, backend: str, candidat
     if rank == 0:
         local = replace(case, seq_len=case.seq_len // world_size)
         key = _t1_key(local, candidates, fault, device)
-        with store.entry(key) if store else nullcontext() as entry:  # a job of the sweep at that length
+        with t1_entry(store, key) as entry:  # a job at that length
             t1 = entry.t1() if entry else None
             box = [t1["stats"][backend]["median_s"] if t1 and backend in t1["stats"] else None]
         if box[0] is None:
-            with store.entry({**key, "t1_local": backend}) if store else nullcontext() as entry:
-                box = [entry.value("t1_local_s") if entry else None]
+            with t1_entry(store, {**key, "t1_local": backend}) as entry:
+                value = entry.value("t1_local_s") if entry else None
+                box = [float(value) if isinstance(value, (int, float)) else None]
                 if box[0] is None:
                     times, _, _ = probe_backends(local, [backend])
                     box = [summarize(times[backend])["median_s"] if backend in times else None]
@@ -180,7 +207,7 @@ def t1_local(rank: int, case: T1Case, *, world_size: int, backend: str, candidat
 
 
 def _measure(inputs: list["torch.Tensor"], case: T1Case, *, candidates: list[str], fault: str,
-             entry: "Entry | None") -> tuple[dict[str, Any], list["torch.Tensor"] | None]:
+             entry: "T1Entry | None", pruned: dict[str, str]) -> tuple[dict[str, Any], list["torch.Tensor"] | None]:
     """T1 measured in children and the reference of its fastest backend. With a store entry the
     last child, where that backend has just run, computes the reference and writes it for the entry
     (read back here); otherwise, or if the child's backend is not the fastest, rank 0 computes it
@@ -196,8 +223,12 @@ def _measure(inputs: list["torch.Tensor"], case: T1Case, *, candidates: list[str
     try:
         tic = time.perf_counter()
         times, refused, made = probe_backends(case, candidates, fault=fault, spent=spent, reference_to=tmp)
+        if not times and pruned:  # those left refused this length: the pruned ones may still run it
+            times, more, made = probe_backends(case, list(pruned), spent=spent, reference_to=tmp)
+            refused, pruned = {**refused, **more}, {}
         spent["children"] = time.perf_counter() - tic
-        t1 = {"stats": {n: summarize(t) for n, t in times.items()}, "refused": refused, "phase_s": spent}
+        t1 = {"stats": {n: summarize(t) for n, t in times.items()}, "refused": refused, "pruned": pruned,
+              "times_s": times, "phase_s": spent}
         if not times:
             return t1, None
         best = min(times, key=lambda n: t1["stats"][n]["median_s"])

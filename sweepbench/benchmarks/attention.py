@@ -3,11 +3,12 @@
 
 Per job: rank 0 times the whole sequence on one device with every SDPA backend that runs there,
 each in a child process (T1 = the fastest; its output and grads are the reference; both kept in
-the sweep directory for the sweep's later jobs of the same case); every rank then runs the impl on its
-tokens once, output and dq/dk/dv are gathered back to sequence order and checked against the
-reference (a mismatch fails the job); then fwd, bwd and fwd+bwd are timed (slowest rank), the same
-schedule again with its communication replaced by local copies (exposed communication = the
-difference of the medians), and peak memory per rank is read after a reset."""
+the store of baselines, ``store.dir``, for any later job of the same case, device and software);
+every rank then runs the impl on its tokens once, output and dq/dk/dv are gathered back to
+sequence order and checked against the reference (a mismatch fails the job); then fwd, bwd and
+fwd+bwd are timed (slowest rank), the same schedule again with its communication replaced by
+local copies (exposed communication = the difference of the medians), and peak memory per rank
+is read after a reset. At W=1, where the impl runs T1's kernel, fwd+bwd is T1's samples."""
 
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ class AttentionConfig(BenchmarkConfig):
     sdpa_backend: str = "auto"  # auto (T1's fastest) | cpu_flash | cudnn | flash | efficient
     rotate_method: str = "allgather"  # torch_cp's K/V rotation: allgather | alltoall
     t1_iters: int = 3  # timed iterations of each single-device backend (rank 0)
+    # a backend whose median at the longest shorter length of this shape in the store was above this
+    # factor x the best's (and its fastest sample slower than the best's slowest) is not timed: 0 = time all
+    t1_prune_factor: float = 2.0
     # test knob: exit | kill | raise | segfault: a first T1 candidate "fault" whose probe process does that
     t1_fault: str = ""
     seed: int = 0
@@ -108,6 +112,9 @@ class AttentionBenchmark(Benchmark):
             raise ValueError(f"benchmark.dtype={b.dtype!r}; valid: float32, bfloat16, float16 or '' (the model's)")
         if b.t1_fault not in T1_FAULTS:
             raise ValueError(f"benchmark.t1_fault={b.t1_fault!r}; valid: '' (off), exit, kill, raise, segfault")
+        if not (b.t1_prune_factor == 0 or b.t1_prune_factor >= 1):
+            raise ValueError(f"benchmark.t1_prune_factor={b.t1_prune_factor}; valid: 0 (time every SDPA backend) "
+                             f"or a factor >= 1")
         if b.rotate_method not in ("allgather", "alltoall"):
             raise ValueError(f"benchmark.rotate_method={b.rotate_method!r}; valid: allgather, alltoall")
         if cfg.parallelism.tp * cfg.parallelism.pp * cfg.parallelism.dp * cfg.parallelism.ep != 1:
@@ -149,11 +156,13 @@ class AttentionBenchmark(Benchmark):
                 Headline("exposed_comm_fraction", f"exposed comm / time {at}")]
 
     def run(self) -> BenchmarkResult:
-        from sweepbench.attention.reuse import SweepStore
         from sweepbench.attention.runner import run_case
+        from sweepbench.measure.store import Store, StoreSettings
 
         ctx, cfg, m = self.ctx, self.cfg, self.ctx.cfg.model
-        store = SweepStore.of_job(ctx.job_dir, force=ctx.cfg.sweep.force) if ctx.rank == 0 else None
+        st = ctx.cfg.store
+        settings = StoreSettings(dir=st.dir, enabled=st.enabled, refresh=st.refresh, max_mb=st.max_mb)
+        store = Store.of_job(settings, ctx.job_dir) if ctx.rank == 0 else None
         case, summary = run_case(
             rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, seed=cfg.seed,
             batch=cfg.batch_size, heads=m.num_heads, kv_heads=m.num_kv_heads, head_dim=m.hidden_size // m.num_heads,
@@ -161,9 +170,28 @@ class AttentionBenchmark(Benchmark):
             impl=cfg.impl, pattern=cfg.pattern, segment_lengths=list(cfg.segment_lengths),
             dilation_rates=list(cfg.dilation_rates), sdpa_backend=cfg.sdpa_backend,
             rotate_method=cfg.rotate_method, warmup=cfg.warmup, iters=cfg.iters, t1_iters=cfg.t1_iters,
-            t1_fault=cfg.t1_fault, store=store)
+            t1_fault=cfg.t1_fault, t1_prune_factor=cfg.t1_prune_factor, store=store)
         return BenchmarkResult(cases=[case], summary=summary, verified=case["verified"],
                                extra={"flop_count": case["flop_count_note"]})
+
+    @classmethod
+    def report_notes(cls, jobs: list[dict[str, Any]]) -> list[str]:
+        """Where each job's T1 was measured (this job, or the store: when, on which host, by which job),
+        and the W=1 jobs whose fwd+bwd is T1's."""
+        from sweepbench.attention.reuse import measured_note
+
+        notes = []
+        for job in jobs:
+            for c in (job.get("results") or {}).get("cases") or []:
+                if "t1_s" not in c:
+                    continue
+                where = measured_note(c.get("t1_measured")) if c.get("t1_reused") else "measured by this job"
+                notes.append(f"{job.get('tag')}: T1 {c['t1_s'] * 1e3:.4g} ms ({c.get('t1_backend')}), {where}"
+                             + ("; its fwd+bwd is T1's samples (one rank, the same kernel)"
+                                if c.get("total_from") == "t1" else "")
+                             + (f"; not timed at this length: {', '.join(c['t1_pruned'])}"
+                                if c.get("t1_pruned") else ""))
+        return notes
 
     @classmethod
     def plots(cls, jobs: list[dict[str, Any]]) -> list[Plot]:

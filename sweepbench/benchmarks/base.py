@@ -112,6 +112,12 @@ class Benchmark(ABC):
         failed ones included). Called by the report engine; never on a rank."""
         return []
 
+    @classmethod
+    def report_notes(cls, jobs: list[dict[str, Any]]) -> list[str]:
+        """Sentences the report shows under this benchmark's figures (where a baseline of its jobs
+        was measured, as attention's T1), from the same jobs as ``plots``."""
+        return []
+
     def __init__(self, ctx: RankContext) -> None:
         self.ctx = ctx
         self.cfg = ctx.cfg.benchmark

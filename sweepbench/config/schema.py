@@ -118,6 +118,17 @@ class SweepConfig:
 
 
 @dataclass
+class StoreConfig:
+    """The store of baselines (attention's T1 and reference), kept beyond the sweep per key, device,
+    driver and software (sweepbench/measure/store.py). Output-only: not part of the sweep tag."""
+
+    dir: str | None = None  # null: $SWEEPBENCH_STORE_DIR, else $XDG_CACHE_HOME/sweepbench/store; "": none
+    enabled: bool = True  # false: measure every baseline in every job, keep nothing
+    refresh: bool = False  # measure afresh and replace (once per sweep run; its later jobs reuse that)
+    max_mb: float = 16384.0  # size cap in MiB: the oldest entries beyond it are removed
+
+
+@dataclass
 class FaultConfig:
     """Fault injection, off by default: check failure handling end to end."""
 
@@ -137,8 +148,9 @@ class SweepbenchConfig:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
 
 
 # Top-level keys that only steer output and launching; they never change what is measured,
 # so they are left out of the sweep tag's hash.
-OUTPUT_ONLY_KEYS: frozenset[str] = frozenset({"hydra", "wandb", "launch", "sweep"})
+OUTPUT_ONLY_KEYS: frozenset[str] = frozenset({"hydra", "wandb", "launch", "sweep", "store"})

@@ -108,6 +108,9 @@ def check_repeats(repeats: int) -> None:
 
 def _check_sweep(cfg: DictConfig) -> None:
     check_repeats(cfg.sweep.repeats)
+    max_mb = cfg.store.max_mb
+    if not math.isfinite(max_mb) or max_mb <= 0:
+        raise ValueError(f"store.max_mb={max_mb} must be a positive number of MiB (the store's size cap)")
 
 
 def _check_choices(cfg: DictConfig) -> None:

@@ -4,7 +4,8 @@ and reference) kept beyond the sweep, per key, as asv keeps results per machine 
 Layout: ``<root>/<kind>/<key hash>/`` holds ``entry.json`` (the key, the values, and where and
 when they were measured: ``measured``) and the entry's files (``reference.pt``). The key is the
 caller's: everything the value depends on (shape, device name, driver, software versions). The
-root is ``store.dir``, by default ``$XDG_CACHE_HOME/sweepbench/store`` (``~/.cache/...``).
+root is ``store.dir``, by default ``$SWEEPBENCH_STORE_DIR`` or ``$XDG_CACHE_HOME/sweepbench/store``
+(``~/.cache/sweepbench/store``).
 
 One process at a time holds an entry (an flock on its ``.lock``, checked to be the lock file
 still in place, since eviction removes whole entries); files are written atomically,
@@ -39,7 +40,9 @@ DEFAULT_MAX_MB = 16384
 
 
 def default_dir() -> Path:
-    """``$XDG_CACHE_HOME/sweepbench/store``, or ``~/.cache/sweepbench/store``."""
+    """``$SWEEPBENCH_STORE_DIR``, else ``$XDG_CACHE_HOME/sweepbench/store`` (``~/.cache/...``)."""
+    if os.environ.get("SWEEPBENCH_STORE_DIR"):
+        return Path(os.environ["SWEEPBENCH_STORE_DIR"]).expanduser()
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(cache) / "sweepbench" / "store"
 
@@ -115,6 +118,12 @@ class Store:
         try:
             yield Entry(self, where, key=key)
         finally:
+            if not (where / ENTRY_FILE).exists():  # a look-up that stored nothing leaves no folder
+                (where / LOCK_FILE).unlink(missing_ok=True)
+                try:
+                    where.rmdir()
+                except OSError:
+                    pass
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 

@@ -41,7 +41,7 @@ from sweepbench.report.stats import (DECIDED, Thresholds, Verdict, case_rounds, 
 # what a job's config holds that does not change what is measured
 # every verdict a row can have, in the order counts are shown: stats' five, then the job-level two
 VERDICTS = ("slower", "faster", "~", "unstable", "undecided", "unchanged", "failed", "not compared")
-NOT_MEASUREMENT = frozenset({"hydra", "wandb", "launch", "sweep", "fault"})
+NOT_MEASUREMENT = frozenset({"hydra", "wandb", "launch", "sweep", "fault", "store"})
 CSV_COLUMNS = ("benchmark", "baseline_tag", "candidate_tag", "case", "verdict", "ratio", "ci_low", "ci_high",
                "p_value", "q_value", "threshold", "baseline_noise", "baseline_median_s", "candidate_median_s", "baseline_cv", "candidate_cv",
                "baseline_spread", "candidate_spread", "unstable", "n_baseline", "n_candidate", "basis", "note")

@@ -160,11 +160,11 @@ def benchmark_figures(name: str, jobs: list[dict[str, Any]], ids: _Ids) -> tuple
     if bench is None:
         return figs, [f"benchmark {name!r} is not installed here: no figures of its own"]
     try:
-        plots = bench.plots(jobs)
+        plots, notes = bench.plots(jobs), list(bench.report_notes(jobs))
     except Exception as err:
         log.warning("plots() of %s failed: %s", name, err)
         return figs, [f"{name}.plots() failed: {type(err).__name__}: {err}"]
-    return figs + [Fig(p.title, figure_svg(p.figure, prefix=ids()), p.caption) for p in plots], []
+    return figs + [Fig(p.title, figure_svg(p.figure, prefix=ids()), p.caption) for p in plots], notes
 
 
 def distribution_figure(name: str, jobs: list[dict[str, Any]], ids: _Ids) -> list[Fig]:

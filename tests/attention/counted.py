@@ -1,7 +1,7 @@
 """Rank functions of tests/attention/test_single.py (module level, so that spawned gloo ranks
 import them): an impl with a context, registered for the tests only (the ring inside a context
 that counts its entries and says whether it is open: torch_cp's structure on CPU/gloo), and a
-case run against a sweep's store of T1 and the reference."""
+case run against a store of T1 and the reference."""
 
 from __future__ import annotations
 
@@ -50,14 +50,14 @@ def run_counted(rank: int, world_size: int, warmup: int, iters: int) -> tuple[di
     return case, dict(COUNTS)
 
 
-def run_stored(rank: int, world_size: int, sweep_dir: str) -> tuple[bool, str | None]:
-    """One ring case with rank 0 reading and writing the store of ``sweep_dir``: (T1 reused, the
+def run_stored(rank: int, world_size: int, store_dir: str) -> tuple[bool, str | None]:
+    """One ring case with rank 0 reading and writing the store in ``store_dir``: (T1 reused, the
     verification error or None)."""
-    from sweepbench.attention.reuse import SweepStore
     from sweepbench.attention.runner import run_case
     from sweepbench.core import VerificationError
+    from sweepbench.measure.store import Store
 
-    store = SweepStore(Path(sweep_dir), force=False) if rank == 0 else None
+    store = Store(Path(store_dir)) if rank == 0 else None
     try:
         case, _ = run_case(rank=rank, world_size=world_size, device=torch.device("cpu"), seed=0, batch=1, heads=2,
                            kv_heads=2, head_dim=8, seq_len=32, dtype="float32", causal=True, backward=True,

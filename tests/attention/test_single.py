@@ -1,6 +1,7 @@
 """T1 and the reference: each SDPA backend probed in its own process (a backend that kills its
-process is left out, the job goes on), both kept in the sweep directory and reused by the
-sweep's later jobs (re-measured under sweep.force=true), and an impl's context (torch_cp's
+process is left out, the job goes on), both kept in the store of baselines and reused by later
+jobs and sweeps, saying where and when they were measured (re-measured under store.refresh=true),
+a backend that lost clearly at a shorter length left out, and an impl's context (torch_cp's
 structure) entered once per loop, not per iteration."""
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.attention.test_benchmark import FAST, _case
 from tests.conftest import run_sweepbench
@@ -32,19 +35,22 @@ def test_a_reused_reference_is_what_verification_checks(worlds: Any, tmp_path: P
 
     from tests.attention.counted import run_stored
 
-    (tmp_path / "multirun.yaml").write_text("{}\n")
     world = worlds.get(2)
     assert world.run(run_stored, str(tmp_path)) == [(False, None)] * 2  # measured and stored
     assert world.run(run_stored, str(tmp_path)) == [(True, None)] * 2  # reused, verified
-    [entry] = [e for e in (tmp_path / ".sweepbench-cache" / "attention").iterdir() if (e / "reference.pt").is_file()]
+    [entry] = [e for e in (tmp_path / "attention-t1").iterdir() if (e / "reference.pt").is_file()]
     out, dq, dk, dv = torch.load(entry / "reference.pt")
     torch.save([out, dq + 1.0, dk, dv], entry / "reference.pt")
     results = world.run(run_stored, str(tmp_path))
     assert all(not reused and err and "dq: 512 of 512 elements off" in err for reused, err in results), results
+    (entry / "reference.pt").write_bytes(b"not a tensor file")  # unreadable: ignored, measured and stored again
+    assert world.run(run_stored, str(tmp_path)) == [(False, None)] * 2
+    assert world.run(run_stored, str(tmp_path)) == [(True, None)] * 2
 
 
 def test_t1_probe_survives_a_dying_backend(tmp_path: Path) -> None:
-    run = run_sweepbench([*FAST, "parallelism=cp1", "benchmark.seq_len=64", "benchmark.t1_fault=kill,raise"],
+    run = run_sweepbench([*FAST, "parallelism=cp1", "benchmark.seq_len=64", "benchmark.t1_fault=kill,raise",
+                          "store.enabled=false"],  # probed every time
                          sweep_dir=tmp_path / "sweep")
     assert run.rc == 0, run.describe()
     why = {}
@@ -61,26 +67,47 @@ def _t1(run: Any) -> dict[str, dict[str, Any]]:
     return {_case(m)["impl"]: _case(m) for m in run.all_metrics().values()}
 
 
-def test_t1_and_reference_reused_in_the_sweep_and_remeasured_under_force(tmp_path: Path) -> None:
-    args = [*FAST, "parallelism=cp2", "benchmark.seq_len=64", "benchmark.impl=ring,allgather"]
-    first = run_sweepbench(args, sweep_dir=tmp_path / "sweep")
+STORED = [*FAST, "parallelism=cp2", "benchmark.seq_len=64", "benchmark.impl=ring,allgather"]
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
+    """Two sweeps of the same two jobs, one after the other, with one store: (the store, first, second)."""
+    root = tmp_path_factory.mktemp("stored")
+    args = [*STORED, f"store.dir={root / 'store'}"]
+    first = run_sweepbench(args, sweep_dir=root / "first")
     assert first.rc == 0, first.describe()
+    second = run_sweepbench(args, sweep_dir=root / "second")
+    assert second.rc == 0, second.describe()
+    return root / "store", first, second
+
+
+def test_t1_and_reference_measured_once_in_the_sweep_and_stored(stored: tuple[Path, Any, Any]) -> None:
+    store, first, _ = stored
     cases = _t1(first)
     assert sorted(c["t1_reused"] for c in cases.values()) == [False, True]  # the second job reused the first's
     assert all(c["reference_reused"] == c["t1_reused"] for c in cases.values())
     measured = next(c for c in cases.values() if not c["t1_reused"])
     assert all(c["t1_backends"] == measured["t1_backends"] for c in cases.values())
-    entries = list((tmp_path / "sweep" / ".sweepbench-cache" / "attention").iterdir())
+    assert all(c["t1_measured"] == measured["t1_measured"] for c in cases.values())  # one measurement, said so
+    assert measured["t1_measured"]["job"].startswith(str(first.sweep_dir / "attention-"))
+    entries = list((store / "attention-t1").iterdir())
     [entry] = [e for e in entries if (e / "reference.pt").is_file()]  # T1's; beside it T1 at the per-GPU length
-    [local] = [json.loads((e / "entry.json").read_text()) for e in entries if (e / "entry.json").is_file() and e != entry]
+    metas = [json.loads((e / "entry.json").read_text()) for e in entries if e != entry]
+    [local] = [m for m in metas if m["key"].get("t1_local")]
+    [ranking] = [m for m in metas if m["key"].get("ranking")]  # the backends by length, for pruning
     assert local["key"]["seq_len"] == 32 and local["key"]["t1_local"] == "cpu_flash"
+    assert set(ranking["lengths"]) == {"64"} and "seq_len" not in ranking["key"]
     # measured by the first job, reused by the second
     assert {c["t1_local_s"] for c in cases.values()} == {local["t1_local_s"]}
     meta = json.loads((entry / "entry.json").read_text())
     assert meta["t1"]["stats"]["cpu_flash"]["median_s"] == measured["t1_s"]
-    assert meta["key"]["seq_len"] == 64 and meta["key"]["torch"] and (entry / "reference.pt").is_file()
+    assert meta["measured"] == measured["t1_measured"]
+    assert meta["key"]["seq_len"] == 64 and meta["key"]["torch"] and meta["key"]["device"]
+    assert "driver" in meta["key"] and (entry / "reference.pt").is_file()
     rows = first.results()
     assert sorted(rows["t1_reused"]) == [0.0, 1.0]
+    assert set(rows["t1_measured_at"]) == {meta["measured"]["at"]}
     for case in cases.values():  # where each job's case spent its time; the reused T1 costs less
         phases = case["phase_s"]
         # where it measured T1: the child computed the reference with the fastest backend and wrote it
@@ -98,18 +125,40 @@ def test_t1_and_reference_reused_in_the_sweep_and_remeasured_under_force(tmp_pat
     assert measured["phase_s"]["t1_and_reference"] > next(c for c in cases.values() if c["t1_reused"])["phase_s"][
         "t1_and_reference"]
 
-    again = run_sweepbench([*args, "sweep.force=true"], sweep_dir=tmp_path / "sweep")
+
+def test_a_later_sweep_reuses_the_store_and_says_where_and_when(stored: tuple[Path, Any, Any]) -> None:
+    store, first, second = stored
+    before = next(c for c in _t1(first).values() if not c["t1_reused"])
+    cases = _t1(second)
+    assert all(c["t1_reused"] and c["t1_measured"] == before["t1_measured"] for c in cases.values())
+    assert all(c["t1_s"] == before["t1_s"] and c["t1_local_s"] == before["t1_local_s"] for c in cases.values())
+    assert all(c["verified"] for c in cases.values())
+    where = before["t1_measured"]
+    rows = second.results()
+    assert set(rows["t1_measured_at"]) == {where["at"]} and set(rows["t1_measured_by"]) == {where["job"]}
+    assert set(rows["t1_measured_on"]) == {where["host"]}
+    for tag in rows["tag"]:  # the job's progress line names where T1 came from
+        assert f"(reused: measured {where['at']} on {where['host']} by {where['job']})" in second.progress(tag)[0]
+    report = (second.sweep_dir / "report.html").read_text()
+    assert f"measured {where['at']} on {where['host']}" in report
+
+
+def test_refresh_measures_once_per_sweep_and_replaces(stored: tuple[Path, Any, Any]) -> None:
+    store, first, _ = stored
+    again = run_sweepbench([*STORED, f"store.dir={store}", "store.refresh=true"],
+                           sweep_dir=store.parent / "refreshed")
     assert again.rc == 0, again.describe()
     redo = _t1(again)
     assert sorted(c["t1_reused"] for c in redo.values()) == [False, True]  # measured anew once, then reused
     remeasured = next(c for c in redo.values() if not c["t1_reused"])
-    assert remeasured["t1_backends"] != measured["t1_backends"]
-    assert all(c["verified"] for c in redo.values())
-    assert json.loads((entry / "entry.json").read_text())["run"] != meta["run"]
+    assert remeasured["t1_measured"]["job"].startswith(str(again.sweep_dir))
+    assert all(c["verified"] and c["t1_measured"] == remeasured["t1_measured"] for c in redo.values())
+    [entry] = [e for e in (store / "attention-t1").iterdir() if (e / "reference.pt").is_file()]
+    assert json.loads((entry / "entry.json").read_text())["measured"] == remeasured["t1_measured"]  # replaced
 
 
 def test_the_t1_childs_reference_is_its_fastest_backends_output(tmp_path: Path) -> None:
-    """The reference a T1 child writes (for the sweep's store, in place of rank 0's recomputation)
+    """The reference a T1 child writes (for the store, in place of rank 0's recomputation)
     is the output and gradients of the backend it timed fastest, on the seed's inputs."""
     import torch
 
@@ -139,26 +188,78 @@ def test_the_t1_childs_reference_is_its_fastest_backends_output(tmp_path: Path) 
     assert probe_backends(case, candidates[:1])[2] is None
 
 
-def t1_local_from_store(rank: int, world_size: int, sweep_dir: str) -> float | None:
-    """T1 at the per-GPU length (seq 64 over 2 ranks: 32) with rank 0 reading the store of
-    ``sweep_dir``, where rank 0 first files a T1 of 0.125 s for seq 32, as a job at that length would."""
+def t1_local_from_store(rank: int, world_size: int, store_dir: str) -> float | None:
+    """T1 at the per-GPU length (seq 64 over 2 ranks: 32) with rank 0 reading the store in
+    ``store_dir``, where rank 0 first files a T1 of 0.125 s for seq 32, as a job at that length would."""
     import torch
 
-    from sweepbench.attention.reuse import SweepStore
+    from sweepbench.attention.reuse import t1_entry
     from sweepbench.attention.single import T1Case, _t1_key, t1_local
+    from sweepbench.measure.store import Store
 
     case = T1Case(1, 2, 2, 64, 8, "float32", "cpu", 0, True, True, "dense", [], 1, torch.get_num_threads())
-    store = SweepStore(Path(sweep_dir), force=False) if rank == 0 else None
+    store = Store(Path(store_dir)) if rank == 0 else None
     if store:
         shorter = T1Case(1, 2, 2, 32, 8, "float32", "cpu", 0, True, True, "dense", [], 1, torch.get_num_threads())
-        with store.entry(_t1_key(shorter, ["cpu_flash"], "", torch.device("cpu"))) as entry:
+        with t1_entry(store, _t1_key(shorter, ["cpu_flash"], "", torch.device("cpu"))) as entry:
             entry.save({"stats": {"cpu_flash": {"median_s": 0.125}}, "refused": {}}, [torch.zeros(1)])
     return t1_local(rank, case, world_size=world_size, backend="cpu_flash", candidates=["cpu_flash"], fault="",
                     device=torch.device("cpu"), store=store)
 
 
 def test_t1_at_the_per_gpu_length_is_taken_from_a_job_that_measured_that_length(worlds: Any, tmp_path: Path) -> None:
-    """A sweep's job at length L/W left its T1 in the store: a W-rank job at L takes T1(L/W) from it
+    """A job at length L/W left its T1 in the store: a W-rank job at L takes T1(L/W) from it
     (efficiency_local's base) rather than timing one device again."""
-    (tmp_path / "multirun.yaml").write_text("{}\n")
     assert worlds.get(2).run(t1_local_from_store, str(tmp_path)) == [0.125, 0.125]
+
+
+def t1_after_a_ranking(rank: int, world_size: int, store_dir: str, slower: float) -> dict[str, Any]:
+    """T1 at 64 tokens of candidates cpu_flash and cudnn (which cannot run on a CPU), where the store's
+    ranking says that at 32 tokens cudnn took ``slower`` x cpu_flash's time (samples apart)."""
+    import torch
+
+    from sweepbench.attention.reuse import t1_entry
+    from sweepbench.attention.scaling import Shape, make_inputs
+    from sweepbench.attention.single import T1Case, _ranking_key, _t1_key, t1_and_reference
+    from sweepbench.measure.store import Store
+
+    case = T1Case(1, 2, 2, 64, 8, "float32", "cpu", 0, True, True, "dense", [], 1, torch.get_num_threads())
+    candidates = ["cpu_flash", "cudnn"]
+    store = Store(Path(store_dir)) if rank == 0 else None
+    if store:
+        ranking = {"cpu_flash": {"median_s": 1.0, "min_s": 0.9, "max_s": 1.1},
+                   "cudnn": {"median_s": slower, "min_s": slower * 0.95, "max_s": slower * 1.05}}
+        with t1_entry(store, _ranking_key(_t1_key(case, candidates, "", torch.device("cpu")))) as entry:
+            entry.put("lengths", {"32": ranking, "128": {"cudnn": {"median_s": 0.1, "min_s": 0.1, "max_s": 0.1}}})
+    inputs = make_inputs(Shape(1, 2, 2, 64, 8), dtype=torch.float32, device=torch.device("cpu"), seed=0)
+    t1, _, _ = t1_and_reference(rank, inputs, case, candidates=candidates, fault="", store=store, prune_factor=2.0)
+    return t1
+
+
+def test_a_backend_that_lost_clearly_at_a_shorter_length_is_not_timed(worlds: Any, tmp_path: Path) -> None:
+    """At a shorter length of the same shape (the longest below, 32 of 32 and 128) cudnn took 4x the
+    best's time: it is left out, with the rule's numbers; at 1.5x it is within the factor and is
+    tried (and refused: no CUDA here). A longer length says nothing."""
+    world = worlds.get(2)
+    [pruned, _] = world.run(t1_after_a_ranking, str(tmp_path / "a"), 4.0)
+    assert set(pruned["stats"]) == {"cpu_flash"} and "cudnn" not in pruned["refused"]
+    assert set(pruned["pruned"]) == {"cudnn"}
+    assert pruned["pruned"]["cudnn"].startswith("left out at this length: at 32 tokens its median 4 s was 4.00x "
+                                                "the best's (cpu_flash 1 s; > factor 2)")
+    [tried, _] = world.run(t1_after_a_ranking, str(tmp_path / "b"), 1.5)
+    assert tried["pruned"] == {} and set(tried["refused"]) == {"cudnn"} and set(tried["stats"]) == {"cpu_flash"}
+
+
+def test_the_prune_rule_needs_the_factor_and_separated_samples() -> None:
+    from sweepbench.attention.reuse import prune
+
+    def at_32(median: float, low: float) -> dict[str, Any]:
+        return {"32": {"a": {"median_s": 1.0, "min_s": 0.8, "max_s": 1.2},
+                       "b": {"median_s": median, "min_s": low, "max_s": median * 2}}}
+
+    assert set(prune(at_32(3.0, 1.5), seq_len=64, candidates=["a", "b"], factor=2.0)) == {"b"}
+    assert prune(at_32(3.0, 1.1), seq_len=64, candidates=["a", "b"], factor=2.0) == {}  # samples overlap: noise
+    assert prune(at_32(1.9, 1.5), seq_len=64, candidates=["a", "b"], factor=2.0) == {}  # within the factor
+    assert prune(at_32(3.0, 1.5), seq_len=64, candidates=["a", "b"], factor=0) == {}  # off
+    assert prune(at_32(3.0, 1.5), seq_len=32, candidates=["a", "b"], factor=2.0) == {}  # not shorter
+    assert prune({"32": "junk", "x": 1}, seq_len=64, candidates=["a"], factor=2.0) == {}  # hostile: nothing pruned

@@ -114,8 +114,9 @@ def test_the_docs_hold_commands() -> None:
 def test_docs_command_runs(page: str, cmd: str, docs_sweep: Path, user_conf: Path, nccl_tests_build: Path,
                            tmp_path: Path) -> None:
     args = args_of(cmd, user_conf=user_conf, sweeps=[docs_sweep], nccl_tests=nccl_tests_build)
-    if args and args[0] in ("report", "compare"):
-        proc = subprocess.run([sys.executable, "-m", "sweepbench", *args], cwd=tmp_path, env=base_env(),
+    if args and args[0] in ("report", "compare", "store"):
+        env = base_env(SWEEPBENCH_STORE_DIR=str(tmp_path / "store")) if args[0] == "store" else base_env()
+        proc = subprocess.run([sys.executable, "-m", "sweepbench", *args], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=300)
         assert "Traceback" not in proc.stderr, f"{page}: {cmd}\n{proc.stderr[-3000:]}"
         # a sweep against itself is never slower (exit 1) and every job has its twin (3); with
