@@ -23,6 +23,8 @@ from sweepbench.train.plan import FIT_FRACTION, TrainPlan, reference_bytes
 from sweepbench.train.shape import Shape
 
 # relative tolerance of each verified step's loss against the reference
+# fp8: dp4 on 4 H200s (llama3_8b widths at 4 layers, seq 8192, compiled like its reference) was
+# within 5.4e-5 of the reference with tensorwise scales and 5.7e-3 with rowwise ones
 LOSS_RTOL = {"fp32": 1e-4, "bf16": 2e-2, "mixed": 1e-2, "fp8": 5e-2}
 # the last timed losses must be below the first step's by more than float noise: every batch of the
 # task holds nearly the same tokens (the sequences walk one short cycle), so any real drop counts
