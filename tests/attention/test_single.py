@@ -143,16 +143,19 @@ def test_a_later_sweep_reuses_the_store_and_says_where_and_when(stored: tuple[Pa
     assert f"measured {where['at']} on {where['host']}" in report
 
 
-def test_refresh_measures_once_per_sweep_and_replaces(stored: tuple[Path, Any, Any]) -> None:
+def test_refresh_measures_once_per_sweep_and_replaces_and_rounds_reuse(stored: tuple[Path, Any, Any]) -> None:
+    """store.refresh=true with two rounds of each job: the sweep's first round of the key measures
+    afresh and replaces the entry; every other round of either job reuses that."""
     store, first, _ = stored
-    again = run_sweepbench([*STORED, f"store.dir={store}", "store.refresh=true"],
+    again = run_sweepbench([*STORED, f"store.dir={store}", "store.refresh=true", "sweep.repeats=2"],
                            sweep_dir=store.parent / "refreshed")
     assert again.rc == 0, again.describe()
-    redo = _t1(again)
-    assert sorted(c["t1_reused"] for c in redo.values()) == [False, True]  # measured anew once, then reused
-    remeasured = next(c for c in redo.values() if not c["t1_reused"])
+    rounds = [_case(json.loads(p.read_text())) for p in sorted(again.sweep_dir.glob("*/rounds/*/metrics.json"))]
+    assert len(rounds) == 4 and sorted(c["t1_reused"] for c in rounds) == [False, True, True, True]
+    remeasured = next(c for c in rounds if not c["t1_reused"])
     assert remeasured["t1_measured"]["job"].startswith(str(again.sweep_dir))
-    assert all(c["verified"] and c["t1_measured"] == remeasured["t1_measured"] for c in redo.values())
+    assert remeasured["t1_measured"]["job"].endswith("/rounds/1")
+    assert all(c["verified"] and c["t1_measured"] == remeasured["t1_measured"] for c in rounds)
     [entry] = [e for e in (store / "attention-t1").iterdir() if (e / "reference.pt").is_file()]
     assert json.loads((entry / "entry.json").read_text())["measured"] == remeasured["t1_measured"]  # replaced
 
