@@ -244,3 +244,34 @@ def fill_disk(filler: Path, *, chunk: int = 65536) -> None:
                 f.write(b"\0" * chunk)
         except OSError:
             pass
+
+
+# ---------------------------------------------------------------- markers
+# What a test needs beyond Python: `slurm` (the SLURM daemons tests/slurm starts, as root), `browser`
+# (Chromium loads a page), `root` (mounts a tmpfs for a real full disk). A user without root or apt
+# runs the rest: python -m pytest -q tests -m "not slurm and not browser and not root".
+BROWSER_FIXTURES = {"pages", "page"}  # tests/report fixtures that load their page in Chromium
+ROOT_FIXTURES = {"small_disk", "full_disk"}  # a tmpfs
+
+
+def _calls(item: pytest.Item, names: tuple[str, ...]) -> bool:
+    import inspect
+
+    fn = getattr(item, "function", None)
+    try:
+        source = inspect.getsource(fn) if fn is not None else ""
+    except (OSError, TypeError):
+        return False
+    return any(f"{name}(" in source for name in names)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = Path(str(item.fspath)).parts
+        if "slurm" in parts:
+            item.add_marker(pytest.mark.slurm)
+        if ("report" in parts and BROWSER_FIXTURES & set(getattr(item, "fixturenames", ()))) \
+                or _calls(item, ("visit",)):
+            item.add_marker(pytest.mark.browser)
+        if ROOT_FIXTURES & set(getattr(item, "fixturenames", ())) or _calls(item, ("tmpfs", "fill_disk")):
+            item.add_marker(pytest.mark.root)
