@@ -3,7 +3,7 @@ kind ``attention-t1``: measured once per key, reused by any later job, sweep or 
 
 The key holds everything they depend on: the shape, dtype, mask and pattern, the seed of the
 inputs, T1's iterations and candidates, the device's name and driver and the software (torch,
-CUDA, cuDNN, threads). Beside each entry of T1 (``t1``: {"stats", "refused", "pruned",
+CUDA, cuDNN; on a CPU its thread count). Beside each entry of T1 (``t1``: {"stats", "refused", "pruned",
 "times_s"}; ``reference.pt``), entries of their own hold T1 at the per-GPU length of a backend
 (``t1_local_s``) and each shape's ranking of the backends by length (``lengths``: what
 ``prune`` reads to leave out a backend that lost clearly at a shorter length)."""
@@ -48,7 +48,9 @@ def software_key(device: torch.device) -> dict[str, Any]:
         "driver": gpu_info()["driver"] if cuda else None,
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if cuda and torch.backends.cudnn.is_available() else None,
-        "num_threads": torch.get_num_threads(),
+        # the CPU kernels' threads (a rank gets the cores / its node's ranks); a GPU's T1 does not depend
+        # on them, so that a cp1 and a cp2 job of one length share it
+        "num_threads": None if cuda else torch.get_num_threads(),
     }
 
 
