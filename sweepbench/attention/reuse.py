@@ -10,6 +10,7 @@ CUDA, cuDNN; on a CPU its thread count). Beside each entry of T1 (``t1``: {"stat
 
 from __future__ import annotations
 
+import math
 import platform
 from contextlib import contextmanager
 from pathlib import Path
@@ -64,10 +65,19 @@ def t1_entry(store: Store | None, key: dict[str, Any]) -> Iterator["T1Entry | No
         yield T1Entry(entry)
 
 
+def _positive(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
 def _valid_t1(t1: Any) -> bool:
-    return (isinstance(t1, dict) and isinstance(t1.get("stats"), dict) and isinstance(t1.get("refused"), dict)
-            and all(isinstance(s, dict) and isinstance(s.get("median_s"), (int, float))
-                    for s in t1["stats"].values()))
+    """Whether a stored T1 has the fields the runner reads, with positive finite times."""
+    if not (isinstance(t1, dict) and isinstance(t1.get("stats"), dict) and isinstance(t1.get("refused"), dict)
+            and isinstance(t1.get("pruned", {}), dict) and isinstance(t1.get("times_s", {}), dict)):
+        return False
+    stats_ok = all(isinstance(s, dict) and _positive(s.get("median_s")) for s in t1["stats"].values())
+    times_ok = all(isinstance(ts, list) and ts and all(_positive(x) for x in ts)
+                   for ts in t1.get("times_s", {}).values())
+    return stats_ok and times_ok
 
 
 class T1Entry:
@@ -97,7 +107,8 @@ class T1Entry:
         """Store a value for later jobs (an entry of its own key, without a reference)."""
         self.entry.put({name: value})
 
-    def reference(self, device: torch.device) -> list[torch.Tensor] | None:
+    def reference(self, device: torch.device, *, like: list[torch.Tensor] | None = None) -> list[torch.Tensor] | None:
+        """The stored reference (None: none, or unusable: unreadable, or not shaped as ``like``)."""
         path = self.entry.file(REFERENCE)
         if path is None:
             return None
@@ -108,6 +119,10 @@ class T1Entry:
             return None
         if not isinstance(ref, list) or not all(isinstance(x, torch.Tensor) for x in ref):
             print(f"sweepbench: ignoring store file {path} (not a list of tensors); measuring again", flush=True)
+            return None
+        if like is not None and [(x.shape, x.dtype) for x in ref] != [(x.shape, x.dtype) for x in like]:
+            print(f"sweepbench: ignoring store file {path} (tensors not shaped as this case's output and "
+                  f"gradients); measuring again", flush=True)
             return None
         return ref
 

@@ -134,7 +134,8 @@ def t1_and_reference(rank: int, inputs: list["torch.Tensor"], case: T1Case, *, c
         key = _t1_key(case, candidates, fault, device)
         with t1_entry(store, key) as entry:
             t1 = entry.t1() if entry else None
-            reference = entry.reference(device) if t1 else None
+            q, k, v, _ = inputs  # the reference: out and dq shaped as q, dk and dv as k and v
+            reference = entry.reference(device, like=[q, q, k, v] if case.backward else [q]) if t1 else None
             reused = reference is not None
             if not reused:
                 with t1_entry(store, _ranking_key(key)) as ranking:
