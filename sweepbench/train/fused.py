@@ -4,14 +4,12 @@ the fused linear cross-entropy (the output projection and the loss in chunks: th
 logits are never materialised).
 
 Liger's RoPE rotates HF's rotate-half pairs (i, i+D/2) where ours rotates interleaved pairs
-(2i, 2i+1); :func:`apply_liger` reorders the rows of each head of wq and wk (and their LoRA B) once,
+(2i, 2i+1); :func:`apply` reorders the rows of each head of wq and wk (and their LoRA B) once,
 after initialisation, so the fused model computes the same function as the unfused one (q.k is
 unchanged by reordering both alike). The first steps are verified against the unfused model.
 Liger needs Triton on CUDA (its RMSNorm does not run under Triton's CPU interpreter)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 from torch import nn
@@ -50,8 +48,9 @@ def fused_cross_entropy(weight: torch.Tensor, h: torch.Tensor, targets: torch.Te
 
 
 @torch.no_grad()
-def apply_liger(model: Transformer, **_: Any) -> None:
-    """Swap in liger's kernels (after the weights are initialised, before FSDP/DDP)."""
+def apply(model: Transformer, fused: str) -> None:
+    """``fused=liger``: swap in liger's kernels (after the weights are initialised, before FSDP/DDP)."""
+    assert fused == "liger", fused
     from liger_kernel.transformers.rms_norm import LigerRMSNorm
 
     hd = model.shape.head_dim

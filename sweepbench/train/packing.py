@@ -93,20 +93,30 @@ def masked_sdpa(docs: Documents) -> Callable[..., torch.Tensor]:
 
 
 def varlen_flash(docs: Documents) -> Callable[..., torch.Tensor]:
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = inspect.signature(varlen_attn).parameters
+    # causal: torch >= 2.11 says so as a (left, right) window; earlier releases had is_causal
+    causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    gqa = "enable_gqa" in params
     masked = masked_sdpa(docs)
 
     def attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        from torch.nn.attention.varlen import varlen_attn
-
         if q.dtype not in (torch.bfloat16, torch.float16):  # flash kernels take half precision only
             return masked(q, k, v)
-        # [1, H, T, D] -> [T, H, D]; GQA: K/V heads repeated (varlen_attn takes equal heads)
+        # [1, H, T, D] -> [T, H, D]
         q1, k1, v1 = (x[0].transpose(0, 1) for x in (q, k, v))
+        extra = dict(causal)
         if k1.shape[1] != q1.shape[1]:
-            rep = q1.shape[1] // k1.shape[1]
-            k1, v1 = k1.repeat_interleave(rep, dim=1), v1.repeat_interleave(rep, dim=1)
+            if gqa:
+                extra["enable_gqa"] = True
+            else:  # K/V heads repeated for a varlen_attn without GQA
+                rep = q1.shape[1] // k1.shape[1]
+                k1, v1 = k1.repeat_interleave(rep, dim=1), v1.repeat_interleave(rep, dim=1)
         out = varlen_attn(q1.contiguous(), k1.contiguous(), v1.contiguous(), docs.offsets, docs.offsets,
-                          docs.max_len, docs.max_len, is_causal=True)
+                          docs.max_len, docs.max_len, **extra)
         return out.transpose(0, 1)[None]
 
     return attn

@@ -66,8 +66,8 @@ def _block_linears(model: Transformer):
 
 
 @torch.no_grad()
-def apply_quant(model: Transformer, quant: str) -> None:
-    """``nf4``: swap each block's linear for an NF4Linear; ``nf4_dense``: round its weight through
+def apply(model: Transformer, quant: str) -> None:
+    """``quant=nf4``: swap each block's linear for an NF4Linear; ``nf4_dense``: round its weight through
     NF4 in place (the reference). Called after the weights are initialised, before FSDP/DDP."""
     for parent, name, child in _block_linears(model):
         if quant == "nf4":

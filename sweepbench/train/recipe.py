@@ -8,14 +8,17 @@ many real tokens a step trains."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from dataclasses import replace
 from typing import Any
 
-from sweepbench.train.impls import check_impl
+from sweepbench.train.impls import IMPLS, check_impl
 
-QUANTS = ("none", "nf4")  # nf4: bitsandbytes 4-bit NormalFloat base weights (QLoRA)
-FUSED = ("none", "liger")  # liger: liger-kernel's RMSNorm, SwiGLU, RoPE, fused linear cross-entropy
+# knob value -> the module whose ``apply(model, value)`` changes a freshly initialised model (None: nothing)
+QUANTS = {"none": None, "nf4": "sweepbench.train.quant"}  # nf4: bitsandbytes 4-bit NormalFloat base (QLoRA)
+REFERENCE_QUANTS = {"nf4_dense": "sweepbench.train.quant"}  # the same weights rounded through NF4, kept dense
+FUSED = {"none": None, "liger": "sweepbench.train.fused"}  # liger-kernel: RMSNorm, SwiGLU, RoPE, fused linear CE
 # knob -> its default (a peer implementation is refused a knob set away from it)
 DEFAULTS = {"quant": "none", "fused": "none", "padding_free": False}
 EXTRA = 'pip install "sweepbench[fms]"'
@@ -75,14 +78,9 @@ def reference_options(opts: Any) -> Any:
 
 def apply_recipe(model: Any, opts: Any, *, device: Any) -> None:
     """Quantize, fuse and pack ``model`` (a whole or pipeline-stage Transformer) as ``opts`` say."""
-    if opts.quant != "none":
-        from sweepbench.train.quant import apply_quant
-
-        apply_quant(model, opts.quant)
-    if opts.fused == "liger":
-        from sweepbench.train.fused import apply_liger
-
-        apply_liger(model)
+    for module, value in (({**QUANTS, **REFERENCE_QUANTS}[opts.quant], opts.quant), (FUSED[opts.fused], opts.fused)):
+        if module is not None:
+            importlib.import_module(module).apply(model, value)
     if opts.padding_free:
         from sweepbench.train.packing import apply_padding_free, kernel_name
 
@@ -103,10 +101,9 @@ def describe(opts: Any, *, device: Any) -> dict[str, Any]:
 def build_reference(shape: Any, plan: Any, opts: Any, *, device: Any, batches: Any) -> Any:
     """The single-device reference trainer (``reference_options``); with padding-free batches its
     packed forward is first checked against the documents of step 0's first row run one by one."""
-    from sweepbench.train.trainer import Trainer
     from sweepbench.train.verify import LOSS_RTOL
 
-    trainer = Trainer(shape, plan, reference_options(opts), device=device)
+    trainer = IMPLS.get("ours")(shape, plan, reference_options(opts), device=device)
     if opts.padding_free:
         from sweepbench.train.packing import check_documents
 
