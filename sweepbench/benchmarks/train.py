@@ -80,11 +80,26 @@ def _page_derive(rows: list[dict[str, Any]], pool: list[dict[str, Any]]) -> None
                 r["mfu_target"], r["meets_target"] = target, float(r["mfu_pct"]) >= target
 
 
+def _variant(s: dict[str, Any], *, pp: int) -> str:
+    """What sets a job's layout recipe apart from the default one (empty for it): TP without
+    sequence parallel or with async TP, a pipeline schedule or micro-batch count other than 1F1B
+    over pp micro-batches, fp8's scaling; so the page keeps such runs as cases of their own."""
+    parts = ["no SP"] if s.get("tp_sp") is False else []
+    if s.get("async_tp"):
+        parts.append("async TP")
+    if s.get("pp_schedule") and (s["pp_schedule"] != "1f1b" or s["grad_accum"] != pp):
+        parts.append(f"{s['pp_schedule']}, {s['grad_accum']} micro-batches")
+    if s.get("fp8_recipe"):
+        parts.append(f"fp8 {s['fp8_recipe']}")
+    return ", ".join(parts)
+
+
 def _page_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
     cfg, (c, *_) = job["config"], job["results"]["cases"]
     s = job["results"]["summary"]
     return [{"impl": s.get("impl", "ours"), "world_size": job["world_size"], "model": cfg["model"]["name"],
-             "layout": c["layout"], "dp_shard": s["dp_shard"], "seq_len": c["seq_len"], "ac": s["ac"],
+             "layout": c["layout"], "variant": _variant(s, pp=int(cfg["parallelism"]["pp"])),
+             "dp_shard": s["dp_shard"], "seq_len": c["seq_len"], "ac": s["ac"],
              "compile": s["compile"], "precision": c["precision"], "lora_rank": s["lora_rank"], "iters": c["iters"],
              "median_ms": c["median_s"] * 1e3, "iqr_ms": c["iqr_s"] * 1e3,
              "tokens_per_s_per_gpu": s["tokens_per_s_per_gpu"], "mfu_pct": c["mfu_pct"]}]
@@ -136,8 +151,9 @@ class TrainBenchmark(Benchmark):
     @classmethod
     def page(cls) -> PageSpec:
         return PageSpec(
-            case=("impl", "model", "layout", "dp_shard", "seq_len", "ac", "compile", "precision", "lora_rank"),
-            columns=("model", "layout", "dp_shard", "seq_len", "ac", "compile", "precision", "lora_rank",
+            case=("impl", "model", "layout", "variant", "dp_shard", "seq_len", "ac", "compile", "precision",
+                  "lora_rank"),
+            columns=("model", "layout", "variant", "dp_shard", "seq_len", "ac", "compile", "precision", "lora_rank",
                      "tokens_per_s_per_gpu", "mfu_pct", "mfu_target", "meets_target", "verified"),
             rows=_page_rows,
             derive=_page_derive,

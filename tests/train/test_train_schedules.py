@@ -113,3 +113,12 @@ def test_fp8_converts_block_linears_not_the_output(recipe: str) -> None:
     assert converted == linears - {"output"} and len(converted) == 2 * 7
     gathers = {mod.config.enable_fsdp_float8_all_gather for mod in model.modules() if isinstance(mod, Float8Linear)}
     assert gathers == {recipe == "tensorwise"}  # weights all-gathered in float8 only with one scale per tensor
+
+
+def test_page_keeps_each_schedule_a_case_of_its_own(schedules: SweepRun) -> None:
+    from sweepbench.benchmarks.train import TrainBenchmark
+
+    spec = TrainBenchmark.page()
+    rows = [spec.rows(job)[0] for job in schedules.all_metrics().values()]
+    assert sorted(r["variant"] for r in rows) == [f"no SP, {name}, 4 micro-batches" for name in sorted(SCHEDULES)]
+    assert len({tuple(r[k] for k in spec.case) for r in rows}) == len(SCHEDULES)
