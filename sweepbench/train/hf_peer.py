@@ -145,7 +145,7 @@ class HFTrainer:
             sync = self.model.no_sync() if hasattr(self.model, "no_sync") and i < n - 1 else contextlib.nullcontext()
             with sync:
                 with self._autocast():
-                    logits = self.model(input_ids=x, use_cache=False).logits
+                    logits = self.model(**_model_inputs(x), use_cache=False).logits
                 part = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()) / n
                 part.backward()
             loss += part.detach()
@@ -159,6 +159,15 @@ class HFTrainer:
         if self.plan.precision == "mixed" and not self.sharded:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
+
+
+def _model_inputs(x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Token ids, or a packed ``[B, 2, S]`` batch (tokens, positions; see ``packing.py``) as one
+    sequence with position ids restarting per document: transformers then masks attention within
+    documents (its packed-sequence detection from position ids, with no attention mask)."""
+    if x.dim() == 2:
+        return {"input_ids": x}
+    return {"input_ids": x[:, 0].reshape(1, -1), "position_ids": x[:, 1].reshape(1, -1)}
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:

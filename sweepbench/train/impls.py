@@ -33,7 +33,7 @@ class PeerSpec:
 
 PEERS: dict[str, PeerSpec] = {
     "hf": PeerSpec(modules=("transformers", "peft"), install='pip install "sweepbench[fms]"',
-                   layouts="single device and dp layouts (FSDP2 or DDP)"),
+                   layouts="single device and dp layouts (FSDP2 or DDP)", knobs=("padding_free",)),
 }
 # peers asked for that this install cannot run as implementations: name -> the line that says so
 NOT_WIRED: dict[str, str] = {

@@ -18,7 +18,7 @@ FAST = ["benchmark=train", "model=tiny", "backend=gloo", "benchmark.warmup=1", "
         "wandb.mode=disabled", "benchmark.lora_rank=8"]
 PEERS = ["benchmark.impl=ours,hf", "parallelism=tp1,dp2"]
 QUANT = ["parallelism=dp2", "benchmark.dp_shard=ddp", "benchmark.quant=nf4"]
-PACKED = ["parallelism=dp2", "benchmark.padding_free=true", "benchmark.ac=full"]
+PACKED = ["parallelism=dp2", "benchmark.padding_free=true", "benchmark.ac=full", "benchmark.impl=ours,hf"]
 
 
 @pytest.fixture(scope="module")
@@ -68,11 +68,14 @@ def test_nf4_lora_verified_against_dequantized_model(sweeps: dict[str, SweepRun]
     assert m["results"]["summary"]["quant"] == "nf4"
 
 
-def test_padding_free_verified_and_counts_real_tokens(sweeps: dict[str, SweepRun], compose: Any) -> None:
-    m = sweeps["packed"].metrics(planned_tag(compose, *FAST, *PACKED))
+@pytest.mark.parametrize("impl", ["ours", "hf"])
+def test_padding_free_verified_and_counts_real_tokens(sweeps: dict[str, SweepRun], compose: Any, impl: str) -> None:
+    """hf: transformers masks attention within documents from the restarting position ids, so it
+    matches our packed reference (itself checked against the documents run one by one)."""
+    m = sweeps["packed"].metrics(planned_tag(compose, *FAST, *PACKED[:-1], f"benchmark.impl={impl}"))
     _verified(m, 1e-4)
     recipe, case = m["results"]["recipe"], m["results"]["cases"][0]
-    assert recipe["padding_free"] and recipe["packed_attention"] == "sdpa_mask"
+    assert recipe["padding_free"] and recipe["packed_attention"] == "sdpa_mask" and recipe["impl"] == impl
     assert 0 < recipe["tokens_per_step"] < case["tokens_per_step"]  # the rows' padded tails not counted
     assert m["results"]["summary"]["tokens_per_s"] == pytest.approx(recipe["tokens_per_step"] / case["median_s"])
 
