@@ -43,7 +43,7 @@ def run_case(line: str, *, model: dict[str, Any], bench: dict[str, Any]) -> dict
     t0 = time.time()
     try:
         r = run_training(cfg, rank=0, device=torch.device("cuda", 0), job_dir=None)
-    except Exception as e:  # one case's failure is reported, the others still run
+    except Exception as e:  # noqa: BLE001 -- one case's failure is reported, the others still run
         return {"case": line, "ok": False, "error": f"{type(e).__name__}: {e}"[:600], "tb": traceback.format_exc()[-1500:]}
     return {"case": line, "ok": True, "tok_s": round(r["tokens_per_s"]),
             "mfu": round(100 * r["achieved_flops"] / r["peak_flops"], 1), "median_s": r["stats"]["median_s"],

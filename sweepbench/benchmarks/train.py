@@ -83,7 +83,8 @@ def _page_derive(rows: list[dict[str, Any]], pool: list[dict[str, Any]]) -> None
 def _variant(s: dict[str, Any], *, pp: int) -> str:
     """What sets a job's layout recipe apart from the default one (empty for it): TP without
     sequence parallel or with async TP, a pipeline schedule or micro-batch count other than 1F1B
-    over pp micro-batches, fp8's scaling; so the page keeps such runs as cases of their own."""
+    over pp micro-batches, fp8's scaling, a quantized base, fused kernels, padding-free batches;
+    so the page keeps such runs as cases of their own."""
     parts = ["no SP"] if s.get("tp_sp") is False else []
     if s.get("async_tp"):
         parts.append("async TP")
@@ -91,6 +92,12 @@ def _variant(s: dict[str, Any], *, pp: int) -> str:
         parts.append(f"{s['pp_schedule']}, {s['grad_accum']} micro-batches")
     if s.get("fp8_recipe"):
         parts.append(f"fp8 {s['fp8_recipe']}")
+    if s.get("quant") not in (None, "none"):  # the fine-tune recipe knobs (train/recipe.py)
+        parts.append(f"{s['quant']} base")
+    if s.get("fused") not in (None, "none"):
+        parts.append(f"{s['fused']} kernels")
+    if s.get("padding_free"):
+        parts.append("padding-free")
     return ", ".join(parts)
 
 
@@ -115,8 +122,8 @@ class TrainBenchmark(Benchmark):
     def validate(cls, cfg: DictConfig) -> None:
         from sweepbench.config.validate import device_type
         from sweepbench.train.context import check_cp
-        from sweepbench.train.recipe import check_recipe, check_recipe_device
         from sweepbench.train.plan import check_device, check_plan
+        from sweepbench.train.recipe import check_recipe, check_recipe_device
 
         plan = check_plan(cfg)
         device = device_type(cfg)

@@ -14,8 +14,9 @@ summed loss must equal the sum of each document's own loss."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
@@ -176,7 +177,7 @@ def check_documents(model: nn.Module, inputs: torch.Tensor, targets: torch.Tenso
     try:
         for b, _ in saved:
             b.attn_fn = sdpa_attention
-        for a, e in zip(starts[:-1], starts[1:]):
+        for a, e in pairwise(starts):
             model.positions = torch.arange(e - a, device=x.device)
             logits = model(x[:, 0, a:e])
             total += F.cross_entropy(logits.flatten(0, 1).float(), y[0, a:e], reduction="sum", ignore_index=IGNORE)
