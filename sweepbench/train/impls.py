@@ -29,6 +29,8 @@ class PeerSpec:
     layouts: str  # what it runs, for the refusal line
     dp_only: bool = True  # runs single-device and dp layouts (FSDP2 / DDP) only
     knobs: tuple[str, ...] = ()  # recipe knobs it takes beyond the shared recipe
+    ac: tuple[str, ...] = ("none", "full")  # activation checkpointing modes it has
+    precisions: tuple[str, ...] = ("fp32", "bf16", "mixed")
 
 
 PEERS: dict[str, PeerSpec] = {
@@ -61,9 +63,10 @@ def missing(impl: str) -> str | None:
     return None
 
 
-def check_impl(impl: str, *, tp: int, pp: int, cp: int, knobs: dict[str, object]) -> None:
+def check_impl(impl: str, *, tp: int, pp: int, cp: int, ac: str, precision: str, knobs: dict[str, object]) -> None:
     """ValueError (one line) for an unknown implementation, a missing extra, a layout it does not
-    run, or a recipe knob (``knobs``: name -> value, those set away from their default) it lacks."""
+    run, an activation checkpointing mode or precision (resolved) it lacks, or a recipe knob
+    (``knobs``: name -> value, those set away from their default) it lacks."""
     if impl in NOT_WIRED:
         raise ValueError(NOT_WIRED[impl])
     if impl not in IMPLS:
@@ -74,6 +77,12 @@ def check_impl(impl: str, *, tp: int, pp: int, cp: int, knobs: dict[str, object]
     if spec.dp_only and max(tp, pp, cp) > 1:
         raise ValueError(f"benchmark.impl={impl} with parallelism tp={tp} pp={pp} cp={cp}: it runs {spec.layouts}; "
                          f"use a dp layout (tp1, dp2, dp4, ..) or impl=ours")
+    if ac not in spec.ac:
+        raise ValueError(f"benchmark.ac={ac} with benchmark.impl={impl}: it checkpoints activations as "
+                         f"{' or '.join(spec.ac)} (HF gradient checkpointing is per decoder layer); use one of those")
+    if precision not in spec.precisions:
+        raise ValueError(f"benchmark.precision={precision} with benchmark.impl={impl}: it trains in "
+                         f"{', '.join(spec.precisions)}; use one of those or impl=ours")
     for knob, value in knobs.items():
         if knob not in spec.knobs:
             raise ValueError(f"benchmark.{knob}={value} with benchmark.impl={impl}: the {impl} implementation "

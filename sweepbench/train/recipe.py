@@ -35,7 +35,7 @@ def check_recipe(cfg: Any, plan: Any) -> None:
     """ValueError (one line) for a recipe this engine cannot run."""
     b = cfg.benchmark
     knobs = {k: b[k] for k, default in DEFAULTS.items() if b[k] != default}
-    check_impl(str(b.impl), tp=plan.tp, pp=plan.pp, cp=plan.cp, knobs=knobs)
+    check_impl(str(b.impl), tp=plan.tp, pp=plan.pp, cp=plan.cp, ac=str(b.ac), precision=plan.precision, knobs=knobs)
     if b.quant not in QUANTS:
         raise ValueError(f"benchmark.quant={b.quant!r} is not valid; choose one of {', '.join(QUANTS)}")
     if b.fused not in FUSED:
@@ -54,6 +54,9 @@ def check_recipe(cfg: Any, plan: Any) -> None:
         if max(plan.tp, plan.pp, plan.cp) > 1:
             raise ValueError(f"benchmark.fused={b.fused} with parallelism tp={plan.tp} pp={plan.pp} cp={plan.cp}: the "
                              f"fused kernels run on whole sequences and whole models; use a dp layout or fused=none")
+        if plan.precision not in ("bf16", "fp32"):
+            raise ValueError(f"benchmark.fused={b.fused} with benchmark.precision={plan.precision}: the fused kernels "
+                             f"run on the weights' own dtype; use precision=bf16 or fp32")
         if not _installed("liger_kernel"):
             raise ValueError(f"benchmark.fused={b.fused} needs liger-kernel, which is not installed; install it "
                              f"with: {EXTRA}")
