@@ -76,7 +76,3 @@ def apply(model: Transformer, quant: str) -> None:
             assert quant == "nf4_dense", quant
             child.weight.copy_(dequantize(child.weight))
 
-
-def quantized_bytes(model: nn.Module) -> int:
-    """Bytes the NF4 weights hold (packed weights; their scales not counted)."""
-    return sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, NF4Linear))
