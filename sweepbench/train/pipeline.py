@@ -13,7 +13,8 @@ Importing this module does not import torch (the plan's checks use it before any
                           2p-1-r, so rank 0 holds the first and the last stage)
 
 The zero-bubble schedules split each backward in two, which torch does not support through a
-compiled block: they are refused with ``benchmark.compile=true``."""
+compiled block nor through a block under selective activation checkpointing (full checkpointing
+works): they are refused with ``benchmark.compile=true`` and with ``benchmark.ac=selective``."""
 
 from __future__ import annotations
 

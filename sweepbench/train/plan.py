@@ -224,6 +224,10 @@ def _check_recipe(cfg: Any, plan: TrainPlan) -> None:
     if plan.precision == "fp8" and b.lora_rank:
         raise ValueError(f"benchmark.precision=fp8 with benchmark.lora_rank={b.lora_rank} cannot be composed: fp8 "
                          f"trains full fine-tunes; use lora_rank=0, or precision=bf16 with LoRA")
+    if plan.pp > 1 and b.ac == "selective" and schedule_spec(str(b.pp_schedule)).zero_bubble:
+        raise ValueError(f"benchmark.pp_schedule={b.pp_schedule} with benchmark.ac=selective cannot run: the "
+                         f"zero-bubble schedules run two backward passes (input, then weight gradients) through "
+                         f"each block, which selective checkpointing allows once; use ac=full or ac=none")
     if plan.pp > 1 and b.compile and not schedule_spec(str(b.pp_schedule)).compiles:
         raise ValueError(f"benchmark.pp_schedule={b.pp_schedule} with benchmark.compile=true cannot run: the "
                          f"zero-bubble schedules split each backward in two, which torch does not do through a "

@@ -71,6 +71,8 @@ REFUSED = {
                    "benchmark.fp8_recipe='blockwise' is not valid; choose one of tensorwise, rowwise"),
     "zb_compile": (["parallelism=pp2", "benchmark.pp_schedule=zbv", "benchmark.compile=true"],
                    "benchmark.pp_schedule=zbv with benchmark.compile=true cannot run"),
+    "zb_selective_ac": (["parallelism=pp2", "benchmark.pp_schedule=interleaved_zb", "benchmark.ac=selective"],
+                        "benchmark.pp_schedule=interleaved_zb with benchmark.ac=selective cannot run"),
     "schedule": (["parallelism=pp2", "benchmark.pp_schedule=dualpipe"],
                  "benchmark.pp_schedule='dualpipe' is not valid; choose one of gpipe, 1f1b, interleaved_1f1b, "
                  "interleaved_zb, zbv"),
