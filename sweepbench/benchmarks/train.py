@@ -104,8 +104,9 @@ def _variant(s: dict[str, Any], *, pp: int) -> str:
 def _page_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
     cfg, (c, *_) = job["config"], job["results"]["cases"]
     s = job["results"]["summary"]
-    return [{"impl": s.get("impl", "ours"), "world_size": job["world_size"], "model": cfg["model"]["name"],
-             "layout": c["layout"], "variant": _variant(s, pp=int(cfg["parallelism"]["pp"])),
+    impl = s.get("impl", "ours")  # ours is "sweepbench" on the pages, as in every benchmark's
+    return [{"impl": "sweepbench" if impl == "ours" else impl, "world_size": job["world_size"],
+             "model": cfg["model"]["name"], "layout": c["layout"], "variant": _variant(s, pp=int(cfg["parallelism"]["pp"])),
              "dp_shard": s["dp_shard"], "seq_len": c["seq_len"], "ac": s["ac"],
              "compile": s["compile"], "precision": c["precision"], "lora_rank": s["lora_rank"], "iters": c["iters"],
              "median_ms": c["median_s"] * 1e3, "iqr_ms": c["iqr_s"] * 1e3,
