@@ -31,11 +31,13 @@ class PeerSpec:
     knobs: tuple[str, ...] = ()  # recipe knobs it takes beyond the shared recipe
     ac: tuple[str, ...] = ("none", "full")  # activation checkpointing modes it has
     precisions: tuple[str, ...] = ("fp32", "bf16", "mixed")
+    packed_attention: str = ""  # how its attention keeps packed documents apart (padding_free)
 
 
 PEERS: dict[str, PeerSpec] = {
     "hf": PeerSpec(modules=("transformers", "peft"), install='pip install "sweepbench[fms]"',
-                   layouts="single device and dp layouts (FSDP2 or DDP)", knobs=("padding_free",)),
+                   layouts="single device and dp layouts (FSDP2 or DDP)", knobs=("padding_free",),
+                   packed_attention="transformers_position_ids"),
 }
 # peers asked for that this install cannot run as implementations: name -> the line that says so
 NOT_WIRED: dict[str, str] = {

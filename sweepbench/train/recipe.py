@@ -13,7 +13,7 @@ import importlib.util
 from dataclasses import replace
 from typing import Any
 
-from sweepbench.train.impls import IMPLS, check_impl
+from sweepbench.train.impls import IMPLS, PEERS, check_impl
 
 # knob value -> the module whose ``apply(model, value)`` changes a freshly initialised model (None: nothing)
 QUANTS = {"none": None, "nf4": "sweepbench.train.quant"}  # nf4: bitsandbytes 4-bit NormalFloat base (QLoRA)
@@ -97,7 +97,8 @@ def describe(opts: Any, *, device: Any) -> dict[str, Any]:
     if opts.padding_free:
         from sweepbench.train.packing import kernel_name
 
-        out["packed_attention"] = kernel_name(device)
+        peer = PEERS.get(opts.impl)  # a peer masks documents its own way (ours: varlen or masked SDPA)
+        out["packed_attention"] = peer.packed_attention if peer else kernel_name(device)
     return out
 
 
