@@ -149,7 +149,8 @@ class T1Entry:
 def prune(lengths: dict[str, Any] | None, *, seq_len: int, candidates: list[str],
           factor: float) -> dict[str, str]:
     """{backend: why} of the candidates that lost clearly at the longest length below ``seq_len``
-    this shape was measured at (``PRUNE_RULE``); {} with ``factor`` 0 or nothing shorter."""
+    this shape was measured at (``PRUNE_RULE``), or were left out there already (a backend left out
+    once stays out at every longer length); {} with ``factor`` 0 or nothing shorter."""
     if not factor or not isinstance(lengths, dict):
         return {}
     shorter = [int(n) for n in lengths if n.isdigit() and int(n) < seq_len and isinstance(lengths[n], dict)]
@@ -165,6 +166,10 @@ def prune(lengths: dict[str, Any] | None, *, seq_len: int, candidates: list[str]
     why = {}
     for b in candidates:
         s = stats.get(b)
+        left_out = lengths[str(at)].get(b)
+        if isinstance(left_out, dict) and isinstance(left_out.get("pruned"), str):  # left out there too
+            why[b] = f"left out since {at} tokens, where it was {left_out['pruned'][:400]}"
+            continue
         if b == best or s is None:
             continue
         ratio = s["median_s"] / b0["median_s"]

@@ -147,8 +147,9 @@ def t1_and_reference(rank: int, inputs: list["torch.Tensor"], case: T1Case, *, c
                     with t1_entry(store, _ranking_key(key)) as ranking:
                         lengths = ranking.value("lengths")
                         lengths = dict(lengths) if isinstance(lengths, dict) else {}
-                        lengths[str(case.seq_len)] = {b: {k: s[k] for k in ("median_s", "min_s", "max_s")}
-                                                      for b, s in t1["stats"].items()}
+                        lengths[str(case.seq_len)] = {
+                            **{b: {k: s[k] for k in ("median_s", "min_s", "max_s")} for b, s in t1["stats"].items()},
+                            **{b: {"pruned": why} for b, why in t1["pruned"].items()}}  # stays out further on
                         ranking.put("lengths", lengths)
             source = {"reused": reused, "measured": entry.measured if entry else None}
     box = [(t1, source)]

@@ -110,7 +110,8 @@ def _page_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
              "dp_shard": s["dp_shard"], "seq_len": c["seq_len"], "ac": s["ac"],
              "compile": s["compile"], "precision": c["precision"], "lora_rank": s["lora_rank"], "iters": c["iters"],
              "median_ms": c["median_s"] * 1e3, "iqr_ms": c["iqr_s"] * 1e3,
-             "tokens_per_s_per_gpu": s["tokens_per_s_per_gpu"], "mfu_pct": c["mfu_pct"]}]
+             "tokens_per_s_per_gpu": s["tokens_per_s_per_gpu"], "mfu_pct": c["mfu_pct"],
+             "peak_allocated_gib": s.get("mem_torch_peak_allocated_gib"), "nvml_peak_gib": s.get("mem_nvml_peak_gib")}]
 
 
 @register("train")
@@ -162,11 +163,15 @@ class TrainBenchmark(Benchmark):
             case=("impl", "model", "layout", "variant", "dp_shard", "seq_len", "ac", "compile", "precision",
                   "lora_rank"),
             columns=("model", "layout", "variant", "dp_shard", "seq_len", "ac", "compile", "precision", "lora_rank",
-                     "tokens_per_s_per_gpu", "mfu_pct", "mfu_target", "meets_target", "verified"),
+                     "tokens_per_s_per_gpu", "mfu_pct", "peak_allocated_gib", "nvml_peak_gib", "mfu_target",
+                     "meets_target", "verified"),
             rows=_page_rows,
             derive=_page_derive,
             notes=("`median_ms`: one optimizer step; `mfu_pct` by torchtitan's formula, 6·(N − N_embedding) + "
                    "6·L·H·2·d_head·S FLOPs per token, against the GPU's dense bf16 peak.",
+                   "Memory two ways, the most of any rank: `peak_allocated_gib`, torch's allocator peak; "
+                   "`nvml_peak_gib`, the device's used memory as NVML reports it, sampled apart from the step "
+                   "(empty where the run did not record it).",
                    "`mfu_target`: llama3_1b on one GPU at 8192 tokens, no activation checkpointing: 50% eager and "
                    "55% compiled with bf16 weights, 46% and 53% with fp32 master weights (mixed); llama3_8b dp2 at "
                    "8192 tokens: 50%."))

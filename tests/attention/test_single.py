@@ -269,3 +269,9 @@ def test_the_prune_rule_needs_the_factor_and_separated_samples() -> None:
     assert prune(at_32(3.0, 1.5), seq_len=64, candidates=["a", "b"], factor=0) == {}  # off
     assert prune(at_32(3.0, 1.5), seq_len=32, candidates=["a", "b"], factor=2.0) == {}  # not shorter
     assert prune({"32": "junk", "x": 1}, seq_len=64, candidates=["a"], factor=2.0) == {}  # hostile: nothing pruned
+    # left out at 32 (not timed there): it stays out at 64, and says since when and why
+    carried = {"16": {"a": {"median_s": 1.0, "min_s": 0.8, "max_s": 1.2}, "b": {"median_s": 3.0, "min_s": 2.5, "max_s": 4}},
+               "32": {"a": {"median_s": 4.0, "min_s": 3.8, "max_s": 4.2}, "c": {"median_s": 4.5, "min_s": 4.1, "max_s": 5},
+                      "b": {"pruned": "left out at this length: at 16 tokens its median 3 s was 3.00x the best's"}}}
+    why = prune(carried, seq_len=64, candidates=["a", "b", "c"], factor=2.0)
+    assert set(why) == {"b"} and why["b"].startswith("left out since 32 tokens, where it was left out at this length: at 16")
