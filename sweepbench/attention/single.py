@@ -22,7 +22,6 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any

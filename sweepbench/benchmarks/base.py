@@ -12,7 +12,6 @@ from sweepbench.config.schema import BenchmarkConfig
 from sweepbench.core import RankContext
 
 if TYPE_CHECKING:  # torch is imported only where a job runs (ranks), never on the driver's path
-    import torch
     from matplotlib.figure import Figure
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, PageSpec
+from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, PageSpec, Plot
 from sweepbench.benchmarks.registry import register
 from sweepbench.config.schema import BenchmarkConfig
 from sweepbench.core import VerificationError

@@ -20,7 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, PageSpec
+from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, PageSpec, Plot
 from sweepbench.benchmarks.registry import register
 from sweepbench.config.validate import check_layout, device_type
 from sweepbench.parallel import Layout, make_plan, model_layout, model_param_specs, total_bytes

@@ -22,7 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, PageSpec
+from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, PageSpec, Plot
 from sweepbench.benchmarks.registry import register
 from sweepbench.parallel import make_plan
 from sweepbench.parallel.floor import Floor
@@ -49,7 +49,6 @@ class ReshardConfig(TransferConfig):
 
 
 def _page_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
-    b = job["config"]["benchmark"]
     return [{"impl": c["strategy"], "strategy": c["strategy"], "world_size": job["world_size"], "suite": c["suite"],
              "case": c["case"],
              "variant": f"local_allgather balance={c['balance']}" if c.get("local_allgather") else "",

@@ -23,7 +23,6 @@ error; checked on GPUs by the GPU cases.
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 import torch.distributed as dist

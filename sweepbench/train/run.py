@@ -24,7 +24,7 @@ from sweepbench.train.plan import TrainPlan, build_plan
 from sweepbench.train.recipe import build_reference, describe, tokens_per_step
 from sweepbench.train.profile import profile_window, write_scalars
 from sweepbench.train.shape import Shape, flops_per_token
-from sweepbench.train.trainer import DTYPES, TrainOptions, Trainer, build_mesh
+from sweepbench.train.trainer import DTYPES, TrainOptions, build_mesh
 from sweepbench.train.verify import (check_learning, check_losses, free_memory, global_losses, run_reference,
                                      verify_depth)
 from sweepbench.core import VerificationError

@@ -1,0 +1,22 @@
+"""The package passes ruff's check (pyproject's [tool.ruff]: pyflakes and syntax errors): an undefined
+name, an unused import or variable, or a dictionary key written twice fails here, not at run time."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_ruff_check_is_clean_over_the_package() -> None:
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "sweepbench", "hydra_plugins"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_ruff_check_catches_an_undefined_name(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    return undefined_name\n")
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--config", str(ROOT / "pyproject.toml"), str(bad)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "F821" in proc.stdout, proc.stdout + proc.stderr
