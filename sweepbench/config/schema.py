@@ -110,6 +110,10 @@ class SweepConfig:
     # jobs that do not fit where they would run (this machine's GPUs, cores and memory; a cluster's
     # request): skip = run the others, record these as skipped and exit 3; refuse = run nothing (exit 2)
     on_unfit: str = "skip"
+    # SLURM sweeps: one allocation runs up to this many of the sweep's jobs of the same request, one
+    # after the other, each in its own processes (its time limit: the per-job limit x the group's size);
+    # 1 = an allocation per job
+    jobs_per_allocation: int = 1
     # Tag format: str.format fields are the group option names (benchmark, model, parallelism,
     # backend, mode), detail (the benchmark's own tag fields, e.g. "-tp1-send_recv"), world_size
     # and hash (short hash of the resolved job config).

@@ -108,6 +108,10 @@ def check_repeats(repeats: int) -> None:
 
 def _check_sweep(cfg: DictConfig) -> None:
     check_repeats(cfg.sweep.repeats)
+    per = cfg.sweep.jobs_per_allocation
+    if isinstance(per, bool) or not isinstance(per, int) or per < 1:
+        raise ValueError(f"sweep.jobs_per_allocation={per} must be an integer >= 1 (how many of a SLURM "
+                         f"sweep's jobs one allocation runs, one after the other; 1 = an allocation per job)")
     max_mb = cfg.store.max_mb
     if not math.isfinite(max_mb) or max_mb <= 0:
         raise ValueError(f"store.max_mb={max_mb} must be a positive number of MiB (the store's size cap)")

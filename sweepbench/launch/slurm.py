@@ -66,9 +66,14 @@ class TaskLayout:
     master_port: int
 
 
-def master_port(job_id: str, restart: int) -> int:
-    """A port per job and attempt, so jobs sharing a node (and a rerun) do not collide."""
-    return random.Random(f"{job_id}/{restart}").randint(MIN_PORT, MAX_PORT)
+GROUP_SLOT = "SWEEPBENCH_GROUP_SLOT"  # which job of its allocation's group this is (0 = the first)
+
+
+def master_port(job_id: str, restart: int, slot: int = 0) -> int:
+    """A port per job and attempt, so jobs sharing a node (and a rerun) do not collide; the jobs
+    an allocation runs one after the other (``sweep.jobs_per_allocation``) get one per slot."""
+    seed = f"{job_id}/{restart}" if slot == 0 else f"{job_id}/{restart}/{slot}"
+    return random.Random(seed).randint(MIN_PORT, MAX_PORT)
 
 
 def node_address(node: str) -> str:
@@ -95,7 +100,7 @@ def task_layout() -> TaskLayout:
 
     dist_env = TorchDistributedEnvironment()
     job_id = str(submitit.JobEnvironment().job_id)
-    dist_env.master_port = master_port(job_id, restart_count())
+    dist_env.master_port = master_port(job_id, restart_count(), int(os.environ.get(GROUP_SLOT) or 0))
     if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":  # (submitit's local executor: this machine)
         dist_env.master_addr = node_address(dist_env.master_addr)
     dist_env.export(set_cuda_visible_devices=False, overwrite=True)

@@ -8,6 +8,7 @@ a wandb run, written here; no job's death raises, so every other job's result is
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import shutil
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from sweepbench.record import ENV_FILE, METRICS_FILE
 from sweepbench.record.atomic import read_json, write_json_atomic
 from sweepbench.record.env import capture_env
 from sweepbench.record.recorder import record_job
+from sweepbench.sweep.slurm_groups import GroupTask, chunks, clear_notes, group_outcome
 from sweepbench.sweep.slurm_watch import WATCHERS, Tracked, died_how, stderr_tail, wait_all
 from sweepbench.sweep.tags import make_tag
 
@@ -142,6 +144,12 @@ def describe_jobs(launcher: Any, job_overrides: Sequence[Sequence[str]]) -> None
     for request, specs in _groups(plan_all(launcher, job_overrides, 0)).items():
         for spec in specs:
             say(f"{label} request {spec.tag}: {request.describe()}")
+        per_allocation = int(specs[0].cfg.sweep.jobs_per_allocation)
+        if per_allocation > 1:  # the script is the allocations'
+            groups = chunks(specs, per_allocation)
+            request = dataclasses.replace(request, timeout_min=request.timeout_min * max(len(g) for g in groups))
+            say(f"{label}: these {len(specs)} job(s) go in {len(groups)} allocation(s) of up to {per_allocation} "
+                f"jobs each, one after the other: {request.describe()}")
         try:
             inner = _executor(launcher, request)._executor
             script = inner._make_submission_file_text(inner._submitit_command_str, "dry-run")
@@ -159,19 +167,25 @@ def launch_jobs(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_j
     group_name = str(launcher.config.hydra.sweep.dir)
     tracked: dict[str, Tracked] = {}
     rejected: dict[str, JobReturn] = {}
+    per_allocation = int(specs[0].cfg.sweep.jobs_per_allocation) if specs else 1
     for request, group in _groups(specs).items():
         for spec in group:  # a stale record must not pass for this run's
             (spec.job_dir / METRICS_FILE).unlink(missing_ok=True)
+            clear_notes(spec.job_dir)
         try:
-            jobs = _executor(launcher, request).map_array(
-                task, [s.overrides for s in group], [s.num for s in group], [request] * len(group))
+            if per_allocation == 1:
+                jobs = _executor(launcher, request).map_array(
+                    task, [s.overrides for s in group], [s.num for s in group], [request] * len(group))
+                placed = [(job, request.describe()) for job in jobs]
+            else:
+                placed = _submit_groups(launcher, task, request, chunks(group, per_allocation))
         except Exception as err:  # e.g. sbatch refused the request: these jobs fail, the others go on
             error = f"submission failed: {type(err).__name__}: {' '.join(str(err).split())}"
             rejected.update({spec.tag: _record_unsubmitted(spec, error, group_name) for spec in group})
             continue
-        for spec, job in zip(group, jobs):
+        for spec, (job, describe) in zip(group, placed):
             tracked[spec.tag] = Tracked(job, spec.tag, spec.job_dir, spec.world_size)
-            say(f"submitted {spec.tag} as {label} job {job.job_id}: {request.describe()}")
+            say(f"submitted {spec.tag} as {label} job {job.job_id}: {describe}")
     order = [tracked[s.tag] for s in specs if s.tag in tracked]
     try:
         if order:
@@ -185,6 +199,21 @@ def launch_jobs(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_j
         raise
     return [rejected[s.tag] if s.tag in rejected else finish(s, tracked[s.tag], label=label, group=group_name)
             for s in specs]
+
+
+def _submit_groups(launcher: Any, task: TaskFunction, request: SlurmRequest,
+                   groups: list[list[JobSpec]]) -> list[tuple[Any, str]]:
+    """One array task (one allocation) per group, its time limit the per-job one x the group's
+    size; (the allocation's job, what to say) for each job of the groups, in order."""
+    size = max(len(g) for g in groups)
+    allocation = dataclasses.replace(request, timeout_min=request.timeout_min * size)
+    jobs = _executor(launcher, allocation).map_array(
+        GroupTask(task), [[s.overrides for s in g] for g in groups], [[s.num for s in g] for g in groups],
+        [request] * len(groups), [[str(s.job_dir) for s in g] for g in groups],
+        [request.timeout_min * 60] * len(groups))
+    return [(job, f"{allocation.describe()}, job {i + 1} of {len(g)} in this allocation "
+                  f"(per-job limit {request.timeout_min} min)")
+            for g, job in zip(groups, jobs) for i in range(len(g))]
 
 
 def _by_driver(spec: JobSpec, why: str) -> str:
@@ -227,6 +256,9 @@ def _failure(spec: JobSpec, t: Tracked, metrics: dict[str, Any] | None, ret0: Jo
         how += f": SLURM would never start it ({t.never}), so the sweep cancelled it"
     elif state == "TIMEOUT":
         how += f": time limit of {spec.request.timeout_min} min reached"
+    elif grouped := group_outcome(spec.job_dir):
+        status = grouped.status
+        how += f"; {grouped.how}"
     elif died := died_how(t):
         how += f": {died}"
     seen = (metrics or {}).get("error") or first_raised(spec.job_dir)
