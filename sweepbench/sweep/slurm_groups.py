@@ -68,12 +68,19 @@ class GroupTask:
 
         env = submitit.JobEnvironment()
         rank, job_id = env.global_rank, str(env.job_id)
+        # SLURM's warning before the allocation's time limit: each job keeps its own limit, and a
+        # group is not requeued (that would rerun its jobs already ok), so it only gets a line
+        signal.signal(signal.SIGUSR2, _note_time_limit_warning)
         codes = []
         for slot, (job_overrides, num, job_dir) in enumerate(zip(overrides, nums, job_dirs)):
             payload = cloudpickle.dumps((self.task, list(job_overrides), num, request))
             codes.append(_run_child(payload, Path(job_dir), rank=rank, slot=slot, job_id=job_id,
                                     timeout_s=job_timeout_s))
         return codes
+
+
+def _note_time_limit_warning(signum: int, frame: Any) -> None:
+    print("sweepbench group: SLURM's time-limit warning; the running job keeps its own limit", flush=True)
 
 
 def _run_child(payload: bytes, job_dir: Path, *, rank: int, slot: int, job_id: str, timeout_s: float) -> int:
@@ -138,6 +145,7 @@ def _main() -> None:
     """A child of GroupTask: one rank of one job, as an allocation of its own would run it."""
     import cloudpickle
 
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # SLURM's time-limit warning is the group task's
     task, overrides, num, request = cloudpickle.loads(sys.stdin.buffer.read())
     task(overrides, num, request)  # raises when the job failed on this rank: exit code 1
 

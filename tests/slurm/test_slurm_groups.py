@@ -7,23 +7,36 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 from omegaconf import DictConfig
 
 from ..conftest import TINY, SweepRun, planned_tag, run_sweepbench
 from .cluster import SlurmCluster
+from .sweeps import BackgroundSweep
 
 SLURM = ["hydra/launcher=slurm", "hydra.launcher.poll_s=1", "sweep.jobs_per_allocation=2"]
 # 4 jobs: fault.kind varies fastest, so each allocation runs the crashing job, then an ok one
 GRID = ["benchmark=collective", "parallelism=tp2", "fault.rank=1", "benchmark.iters=2,3", "fault.kind=exit,none",
         "launch.timeout_s=300", *[a for a in TINY if not a.startswith("benchmark.iters=")]]
 SUBMITTED = r"submitted (\S+) as slurm job (\S+):"
+# a hung job ends at its own limit (1 min; the allocation's is 2, SLURM's warning comes 75 s in)
+# and the next job of its group still runs ok; in the background, beside the other sweeps
+HANG_GRID = ["benchmark=collective", "parallelism=tp2", "fault.rank=1", "fault.kind=hang,none",
+             "hydra.launcher.timeout_min=1", "launch.timeout_s=300", *TINY]
 
 
 @pytest.fixture(scope="module")
-def grouped(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> SweepRun:
+def hang_sweep(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundSweep]:
+    sweep = BackgroundSweep([*SLURM, *HANG_GRID], tmp_path_factory.mktemp("grouphang") / "sweep")
+    yield sweep
+    sweep.stop()
+
+
+@pytest.fixture(scope="module")
+def grouped(slurm_cluster: SlurmCluster, hang_sweep: BackgroundSweep,
+            tmp_path_factory: pytest.TempPathFactory) -> SweepRun:
     run = run_sweepbench([*SLURM, *GRID], sweep_dir=tmp_path_factory.mktemp("groups") / "sweep", timeout=300)
     assert run.rc == 1, run.describe()
     return run
@@ -94,3 +107,17 @@ def test_a_bad_group_size_is_refused_before_submission(slurm_cluster: SlurmClust
     assert run.rc == 2, run.describe()
     assert says in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert "submitted" not in run.stdout and not (tmp_path / "sweep" / ".submitit").exists()
+
+
+@pytest.mark.timeout(300)
+def test_a_hung_job_times_out_alone_at_its_own_limit(hang_sweep: BackgroundSweep,
+                                                     compose: Callable[..., DictConfig]) -> None:
+    run = hang_sweep.wait(timeout=280)
+    assert run.rc == 1, run.describe()
+    fixed = [a for a in HANG_GRID if not a.startswith(("fault.kind=", "hydra."))]
+    hung, ok = (run.metrics(planned_tag(compose, *fixed, f"fault.kind={k}")) for k in ("hang", "none"))
+    assert "2 min, job 2 of 2 in this allocation (per-job limit 1 min)" in run.stdout
+    assert hung["status"] == "timeout" and "per-job time limit of 60 s reached" in hung["error"], hung["error"]
+    assert ok["status"] == "ok" and ok["verified"], ok["error"]
+    submitted = dict(re.findall(SUBMITTED, run.stdout))
+    assert submitted[hung["tag"]] == submitted[ok["tag"]] == hung["slurm"]["job_id"]  # one allocation
