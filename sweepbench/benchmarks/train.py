@@ -53,6 +53,7 @@ class TrainConfig(BenchmarkConfig):
     quant: str = "none"  # none | nf4: frozen base linears in 4-bit NF4 (bitsandbytes), LoRA only
     fused: str = "none"  # none | liger: liger-kernel RMSNorm, SwiGLU, RoPE, fused linear CE (CUDA)
     padding_free: bool = False  # documents packed per row, attention within each; tokens/s of real tokens
+    documents: bool = False  # padding_free's documents; without padding_free one per row, padded (real tokens/s)
 
 
 def _gib(x: Any) -> float | None:
@@ -98,6 +99,8 @@ def _variant(s: dict[str, Any], *, pp: int) -> str:
         parts.append(f"{s['fused']} kernels")
     if s.get("padding_free"):
         parts.append("padding-free")
+    if s.get("documents") and not s.get("padding_free"):
+        parts.append("padded documents")
     return ", ".join(parts)
 
 
@@ -203,7 +206,7 @@ class TrainBenchmark(Benchmark):
             "seq_len": plan.seq_len, "global_batch": plan.global_batch, "micro_batch": plan.micro_batch,
             "grad_accum": plan.num_micro, "precision": plan.precision, "ac": b.ac, "compile": b.compile,
             "dp_shard": b.dp_shard, "lora_rank": b.lora_rank, "verify_layers": r["verify_layers"],
-            **{k: r["recipe"][k] for k in ("impl", "quant", "fused", "padding_free")},
+            **{k: r["recipe"][k] for k in ("impl", "quant", "fused", "padding_free", "documents")},
             "tp_sp": b.tp_sp if plan.tp > 1 else None, "async_tp": b.async_tp if plan.tp > 1 else None,
             "fp8_recipe": b.fp8_recipe if plan.precision == "fp8" else None,
             "pp_schedule": b.pp_schedule if plan.pp > 1 else None,

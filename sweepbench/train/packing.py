@@ -38,21 +38,34 @@ class PackedTask:
         self.seq_len, self.global_batch, self.seed = task.seq_len, task.global_batch, task.seed
         self._real: dict[int, int] = {}
 
-    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def documents(self, step: int) -> list[list[torch.Tensor]]:
+        """Step ``step``'s documents, row by row as packed: each a walk of ``n + 1`` tokens (inputs
+        ``walk[:-1]``, targets ``walk[1:]``)."""
         s, cycle = self.seq_len, self.task.cycle
         gen = torch.Generator().manual_seed(self.seed * 104729 + step + 1)
-        tokens = torch.zeros(self.global_batch, s, dtype=torch.long)
-        positions = torch.zeros_like(tokens)
-        targets = torch.full_like(tokens, IGNORE)
         lo, hi = max(1, s // 8), max(2, s // 2)
-        for row in range(self.global_batch):
-            at = 0
+        rows = []
+        for _ in range(self.global_batch):
+            at, row = 0, []
             while True:
                 n = int(torch.randint(lo, hi + 1, (1,), generator=gen))
                 if at + n > s:
                     break
                 start = int(torch.randint(0, len(cycle), (1,), generator=gen))
-                walk = cycle[(start + torch.arange(n + 1)) % len(cycle)]
+                row.append(cycle[(start + torch.arange(n + 1)) % len(cycle)])
+                at += n
+            rows.append(row)
+        return rows
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        s = self.seq_len
+        tokens = torch.zeros(self.global_batch, s, dtype=torch.long)
+        positions = torch.zeros_like(tokens)
+        targets = torch.full_like(tokens, IGNORE)
+        for row, docs in enumerate(self.documents(step)):
+            at = 0
+            for walk in docs:
+                n = len(walk) - 1
                 tokens[row, at:at + n], targets[row, at:at + n] = walk[:-1], walk[1:]
                 positions[row, at:at + n] = torch.arange(n)
                 at += n
@@ -65,6 +78,23 @@ class PackedTask:
         if step not in self._real:
             self.batch(step)
         return self._real[step]
+
+
+class PaddedTask(PackedTask):
+    """The padded baseline of :class:`PackedTask`: the same step's documents, the first
+    ``global_batch`` of them in packing order, one per row from position 0, its tail padding
+    (token 0, target -100) to ``seq_len``; a plain ``[B, S]`` batch under the causal mask (the
+    padding after a document cannot reach it). Tokens/s counts real tokens, as packed."""
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        docs = [walk for row in self.documents(step) for walk in row][:self.global_batch]
+        assert len(docs) == self.global_batch  # every packed row holds at least one document
+        tokens = torch.zeros(self.global_batch, self.seq_len, dtype=torch.long)
+        targets = torch.full_like(tokens, IGNORE)
+        for row, walk in enumerate(docs):
+            tokens[row, :len(walk) - 1], targets[row, :len(walk) - 1] = walk[:-1], walk[1:]
+        self._real[step] = int((targets != IGNORE).sum())
+        return tokens, targets
 
 
 @dataclass

@@ -93,7 +93,7 @@ def apply_recipe(model: Any, opts: Any, *, device: Any) -> None:
 def describe(opts: Any, *, device: Any) -> dict[str, Any]:
     """The recipe's knobs as recorded with the job."""
     out: dict[str, Any] = {"impl": opts.impl, "quant": opts.quant, "fused": opts.fused,
-                           "padding_free": opts.padding_free}
+                           "padding_free": opts.padding_free, "documents": opts.documents or opts.padding_free}
     if opts.padding_free:
         from sweepbench.train.packing import kernel_name
 

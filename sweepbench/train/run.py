@@ -17,7 +17,7 @@ from sweepbench.measure.progress import case_done
 from sweepbench.train.context import ContextParallel, build_context_parallel
 from sweepbench.train.data import SyntheticTask
 from sweepbench.train.impls import IMPLS
-from sweepbench.train.packing import PackedTask
+from sweepbench.train.packing import PackedTask, PaddedTask
 from sweepbench.train.flops import dense_peak, matmul_ceiling
 from sweepbench.train.memory import GIB, HostSampler, NvmlSampler, current_bytes, host_peak_rss, reset_torch_peaks, torch_memory
 from sweepbench.train.plan import TrainPlan, build_plan
@@ -36,7 +36,8 @@ def options_of(b: Any) -> TrainOptions:
                         lora_rank=int(b.lora_rank), lora_alpha=float(b.lora_alpha), dp_shard=str(b.dp_shard),
                         pp_schedule=str(b.pp_schedule), cp_impl=str(b.cp_impl), seed=int(b.seed),
                         tp_sp=bool(b.tp_sp), async_tp=bool(b.async_tp), fp8_recipe=str(b.fp8_recipe),
-                        impl=str(b.impl), quant=str(b.quant), fused=str(b.fused), padding_free=bool(b.padding_free))
+                        impl=str(b.impl), quant=str(b.quant), fused=str(b.fused), padding_free=bool(b.padding_free),
+                        documents=bool(b.documents))
 
 
 class Batches:
@@ -77,6 +78,8 @@ def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | N
                          seed=opts.seed)
     if opts.padding_free:  # documents packed into each row; counted in real tokens
         task = PackedTask(task, vocab_size=shape.vocab_size)
+    elif opts.documents:  # the same documents, one per row, padded: the packed batch's baseline
+        task = PaddedTask(task, vocab_size=shape.vocab_size)
     batches = Batches(task, plan, dp_rank=dp_rank, cp=cp, device=device)
     layout_kw = dict(device=device, mesh=mesh, positions=cp.positions if cp else None,
                      attn_fn=cp.attn_fn if cp else None)

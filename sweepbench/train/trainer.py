@@ -45,6 +45,7 @@ class TrainOptions:
     quant: str = "none"
     fused: str = "none"
     padding_free: bool = False
+    documents: bool = False  # padding_free's documents; without padding_free one per row, padded (its baseline)
     tp_sp: bool = True
     async_tp: bool = False
     fp8_recipe: str = "tensorwise"
