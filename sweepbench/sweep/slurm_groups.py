@@ -10,12 +10,16 @@ hangs past its own time limit (the per-job request's ``timeout_min``) ends alone
 killed, the task writes a note of how it ended (``<job>/logs/group_rank<r>.json``), and the next
 job of the group starts. A rank whose peer's process ended badly stops its own at once (it could
 only wait in a collective). The sweep driver turns the notes into the job's failed or timeout
-metrics.json. Ranks are not kept between the jobs of a group: each job pays its interpreter's,
-CUDA's and NCCL's start-up again; what the group saves is the allocation and its queue wait."""
+metrics.json. With ``launch.keep_ranks=true`` a rank's process that ended its job ok runs its
+rank of the group's next job too (as kept local ranks do), so the interpreter's start-up and
+imports, and CUDA's and NCCL's first-use costs, are paid once per group; a process whose job
+failed or was stopped exits, and the next job starts a fresh one. Otherwise each job starts fresh,
+and what a group saves is the allocations and their queue waits."""
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -62,7 +66,7 @@ class GroupTask:
         self.task = task  # slurm_submit.TaskFunction: one rank of one job
 
     def __call__(self, overrides: Sequence[Sequence[str]], nums: Sequence[int], request: Any,
-                 job_dirs: Sequence[str], job_timeout_s: float) -> list[int]:
+                 job_dirs: Sequence[str], job_timeout_s: float, keep: bool = False) -> list[int]:
         import cloudpickle
         import submitit
 
@@ -72,10 +76,17 @@ class GroupTask:
         # group is not requeued (that would rerun its jobs already ok), so it only gets a line
         signal.signal(signal.SIGUSR2, _note_time_limit_warning)
         codes = []
+        child: _Child | None = None
         for slot, (job_overrides, num, job_dir) in enumerate(zip(overrides, nums, job_dirs)):
-            payload = cloudpickle.dumps((self.task, list(job_overrides), num, request))
-            codes.append(_run_child(payload, Path(job_dir), rank=rank, slot=slot, job_id=job_id,
-                                    timeout_s=job_timeout_s))
+            child = child or _Child()
+            payload = cloudpickle.dumps((self.task, list(job_overrides), num, request, slot))
+            code = child.run(payload, Path(job_dir), rank=rank, slot=slot, job_id=job_id, timeout_s=job_timeout_s)
+            codes.append(code)
+            if code != 0 or not keep:
+                child.end()
+                child = None
+        if child is not None:
+            child.end()
         return codes
 
 
@@ -83,31 +94,59 @@ def _note_time_limit_warning(signum: int, frame: Any) -> None:
     print("sweepbench group: SLURM's time-limit warning; the running job keeps its own limit", flush=True)
 
 
-def _run_child(payload: bytes, job_dir: Path, *, rank: int, slot: int, job_id: str, timeout_s: float) -> int:
-    tic = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "sweepbench.sweep.slurm_groups"], stdin=subprocess.PIPE,
-                            env={**os.environ, GROUP_SLOT: str(slot)}, start_new_session=True)
-    assert proc.stdin is not None
-    proc.stdin.write(payload)
-    proc.stdin.close()
-    timed_out, peer = False, None
-    while proc.poll() is None:
-        if time.monotonic() - tic > timeout_s:
-            timed_out = True
-        else:
-            peer = _peer_failed(job_dir, rank)
-        if timed_out or peer is not None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            break
-        time.sleep(POLL_S)
-    code = proc.wait()
-    print(f"sweepbench group: slot {slot} ({job_dir.name}) rank {rank}: exit code {code}"
-          f"{', timed out' if timed_out else ''}{f', stopped as rank {peer} failed' if peer is not None else ''}",
-          flush=True)
-    write_json_atomic(note_path(job_dir, rank), {
-        "rank": rank, "slot": slot, "allocation": job_id, "exit_code": code, "timed_out": timed_out,
-        "stopped_for_peer": peer, "elapsed_s": round(time.monotonic() - tic, 3), "timeout_s": timeout_s})
-    return code
+class _Child:
+    """One process running this task's rank of the group's jobs: one job, or (``launch.keep_ranks``)
+    each next one after a job that ended ok. Jobs come framed on its stdin; after each job it
+    writes one byte to its result pipe (0: ok); one that failed exits."""
+
+    def __init__(self) -> None:
+        self.results, result_w = os.pipe()
+        self.proc = subprocess.Popen([sys.executable, "-m", "sweepbench.sweep.slurm_groups", str(result_w)],
+                                     stdin=subprocess.PIPE, pass_fds=(result_w,), start_new_session=True)
+        os.close(result_w)
+
+    def run(self, payload: bytes, job_dir: Path, *, rank: int, slot: int, job_id: str, timeout_s: float) -> int:
+        tic = time.monotonic()
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(len(payload).to_bytes(8, "big") + payload)
+        self.proc.stdin.flush()
+        timed_out, peer, code = False, None, None
+        while code is None:
+            ready, _, _ = select.select([self.results], [], [], POLL_S)
+            result = os.read(self.results, 1) if ready else None
+            if result:  # the job ended; 0 = ok, and the process waits for the next one
+                code = result[0]
+            elif result == b"" or self.proc.poll() is not None:  # the process ended
+                code = self.proc.wait()
+            elif time.monotonic() - tic > timeout_s:
+                timed_out = True
+            elif (peer := _peer_failed(job_dir, rank)) is None:
+                continue
+            if timed_out or peer is not None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                code = self.proc.wait()
+        print(f"sweepbench group: slot {slot} ({job_dir.name}) rank {rank}: exit code {code}"
+              f"{', timed out' if timed_out else ''}"
+              f"{f', stopped as rank {peer} failed' if peer is not None else ''}", flush=True)
+        write_json_atomic(note_path(job_dir, rank), {
+            "rank": rank, "slot": slot, "allocation": job_id, "pid": self.proc.pid, "exit_code": code,
+            "timed_out": timed_out, "stopped_for_peer": peer, "elapsed_s": round(time.monotonic() - tic, 3),
+            "timeout_s": timeout_s})
+        return code
+
+    def end(self) -> None:
+        """No more jobs: close its stdin (a kept process leaves), or kill it if it does not."""
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        os.close(self.results)
 
 
 @dataclass(frozen=True)
@@ -141,14 +180,19 @@ def group_outcome(job_dir: Path) -> GroupOutcome | None:
     return None
 
 
-def _main() -> None:
-    """A child of GroupTask: one rank of one job, as an allocation of its own would run it."""
+def _main(result_fd: int) -> None:
+    """A child of GroupTask: its rank of each job it is sent, as an allocation of its own would
+    run it; it leaves when its stdin closes or a job fails (exit code 1)."""
     import cloudpickle
 
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # SLURM's time-limit warning is the group task's
-    task, overrides, num, request = cloudpickle.loads(sys.stdin.buffer.read())
-    task(overrides, num, request)  # raises when the job failed on this rank: exit code 1
+    stdin = sys.stdin.buffer
+    while size := stdin.read(8):
+        task, overrides, num, request, slot = cloudpickle.loads(stdin.read(int.from_bytes(size, "big")))
+        os.environ[GROUP_SLOT] = str(slot)
+        task(overrides, num, request)  # raises when the job failed on this rank: exit code 1
+        os.write(result_fd, b"\0")
 
 
 if __name__ == "__main__":
-    _main()
+    _main(int(sys.argv[1]))

@@ -210,7 +210,7 @@ def _submit_groups(launcher: Any, task: TaskFunction, request: SlurmRequest,
     jobs = _executor(launcher, allocation).map_array(
         GroupTask(task), [[s.overrides for s in g] for g in groups], [[s.num for s in g] for g in groups],
         [request] * len(groups), [[str(s.job_dir) for s in g] for g in groups],
-        [request.timeout_min * 60] * len(groups))
+        [request.timeout_min * 60] * len(groups), [bool(g[0].cfg.launch.keep_ranks) for g in groups])
     return [(job, f"{allocation.describe()}, job {i + 1} of {len(g)} in this allocation "
                   f"(per-job limit {request.timeout_min} min)")
             for g, job in zip(groups, jobs) for i in range(len(g))]

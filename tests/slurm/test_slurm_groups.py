@@ -5,6 +5,7 @@ reruns only the failed jobs; a bad value is refused before anything is submitted
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Callable, Iterator
@@ -21,10 +22,11 @@ SLURM = ["hydra/launcher=slurm", "hydra.launcher.poll_s=1", "sweep.jobs_per_allo
 GRID = ["benchmark=collective", "parallelism=tp2", "fault.rank=1", "benchmark.iters=2,3", "fault.kind=exit,none",
         "launch.timeout_s=300", *[a for a in TINY if not a.startswith("benchmark.iters=")]]
 SUBMITTED = r"submitted (\S+) as slurm job (\S+):"
-# a hung job ends at its own limit (1 min; the allocation's is 2, SLURM's warning comes 75 s in)
-# and the next job of its group still runs ok; in the background, beside the other sweeps
-HANG_GRID = ["benchmark=collective", "parallelism=tp2", "fault.rank=1", "fault.kind=hang,none",
-             "hydra.launcher.timeout_min=1", "launch.timeout_s=300", *TINY]
+# launch.keep_ranks=true: the ok job's processes are kept and run the next job's ranks, which hang
+# until that job's own limit ends them (1 min; the allocation's is 2, SLURM's warning comes 45 s
+# in). In the background, beside the other sweeps.
+HANG_GRID = ["benchmark=collective", "parallelism=tp2", "fault.rank=1", "fault.kind=none,hang",
+             "hydra.launcher.timeout_min=1", "launch.timeout_s=300", "launch.keep_ranks=true", *TINY]
 
 
 @pytest.fixture(scope="module")
@@ -110,13 +112,17 @@ def test_a_bad_group_size_is_refused_before_submission(slurm_cluster: SlurmClust
 
 
 @pytest.mark.timeout(300)
-def test_a_hung_job_times_out_alone_at_its_own_limit(hang_sweep: BackgroundSweep,
+def test_a_kept_rank_runs_the_next_job_and_a_hung_job_times_out_alone(hang_sweep: BackgroundSweep,
                                                      compose: Callable[..., DictConfig]) -> None:
     run = hang_sweep.wait(timeout=280)
     assert run.rc == 1, run.describe()
     fixed = [a for a in HANG_GRID if not a.startswith(("fault.kind=", "hydra."))]
     hung, ok = (run.metrics(planned_tag(compose, *fixed, f"fault.kind={k}")) for k in ("hang", "none"))
     assert "2 min, job 2 of 2 in this allocation (per-job limit 1 min)" in run.stdout
+    for rank in (0, 1):  # the same process ran both jobs' rank
+        notes = [json.loads((run.sweep_dir / m["tag"] / "logs" / f"group_rank{rank}.json").read_text())
+                 for m in (ok, hung)]
+        assert notes[0]["pid"] == notes[1]["pid"] and [n["slot"] for n in notes] == [0, 1], notes
     assert hung["status"] == "timeout" and "per-job time limit of 60 s reached" in hung["error"], hung["error"]
     assert ok["status"] == "ok" and ok["verified"], ok["error"]
     submitted = dict(re.findall(SUBMITTED, run.stdout))
