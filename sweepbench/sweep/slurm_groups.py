@@ -186,8 +186,14 @@ def _main(result_fd: int) -> None:
     import cloudpickle
 
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # SLURM's time-limit warning is the group task's
+    from sweepbench.launch import rank
+
     stdin = sys.stdin.buffer
+    taken = 0
     while size := stdin.read(8):
+        # a kept process's start-up counts for its first job; each next one's from when it came
+        rank.JOB_TAKEN = time.monotonic() if taken else None
+        taken += 1
         task, overrides, num, request, slot = cloudpickle.loads(stdin.read(int.from_bytes(size, "big")))
         os.environ[GROUP_SLOT] = str(slot)
         task(overrides, num, request)  # raises when the job failed on this rank: exit code 1
