@@ -52,7 +52,7 @@ def _peer_failed(job_dir: Path, rank: int) -> int | None:
     """The rank of a peer whose process of this job ended badly on its own, if any."""
     for path in (job_dir / "logs").glob("group_rank*.json"):
         note = read_json(path)
-        if isinstance(note, dict) and note.get("rank") != rank and not note.get("stopped_for_peer") \
+        if isinstance(note, dict) and note.get("rank") != rank and note.get("stopped_for_peer") is None \
                 and (note.get("exit_code") or note.get("timed_out")):
             return int(note["rank"])
     return None
