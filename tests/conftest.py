@@ -246,6 +246,17 @@ def fill_disk(filler: Path, *, chunk: int = 65536) -> None:
             pass
 
 
+def refusal(compose: Callable[..., DictConfig], *overrides: str) -> str:
+    """The one-line ValueError that validation before any rank starts raises for ``overrides``."""
+    from sweepbench.launch.preflight import validate
+
+    with pytest.raises(ValueError) as err:
+        validate(compose(*overrides))
+    text = str(err.value)
+    assert "\n" not in text, text
+    return text
+
+
 # ---------------------------------------------------------------- markers
 # What a test needs beyond Python: `slurm` (the SLURM daemons tests/slurm starts, as root), `browser`
 # (Chromium loads a page), `root` (mounts a tmpfs for a real full disk). A user without root or apt
