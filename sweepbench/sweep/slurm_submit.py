@@ -274,7 +274,10 @@ def finish(spec: JobSpec, t: Tracked, *, label: str, group: str) -> JobReturn:
     """The job's JobReturn; a job that did not finish ok gets its metrics.json completed here."""
     ret0 = _task0_return(t)
     metrics = read_json(spec.job_dir / METRICS_FILE)
-    if metrics and (metrics.get("status") == "ok" or t.info.state == "COMPLETED"):  # it recorded itself
+    # it recorded itself; in a group the allocation's state is not this job's: a rank that failed
+    # as its peer was stopped at the per-job limit records a failure that the notes call a timeout
+    if metrics and (metrics.get("status") == "ok"
+                    or (t.info.state == "COMPLETED" and group_outcome(spec.job_dir) is None)):
         ok = metrics.get("status") == "ok"
         return ret0 or JobReturn(overrides=spec.overrides, cfg=spec.cfg,
                                  status=JobStatus.COMPLETED if ok else JobStatus.FAILED,
