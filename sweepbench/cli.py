@@ -127,8 +127,10 @@ def check_internal_choices(argv: list[str]) -> None:
             continue
         for choice in value.split(","):
             if choice.strip().startswith("base_"):
-                exit_bad_input(f"{key}={choice.strip()} is an internal schema, not a {key}; choose one of "
-                               f"{', '.join(group_options(key))}")
+                exit_bad_input(
+                    f"{key}={choice.strip()} is an internal schema, not a {key}; choose one of "
+                    f"{', '.join(group_options(key))}"
+                )
 
 
 _early_signal: list[int] = []
@@ -143,6 +145,7 @@ def _stop_early(signum: int, frame: object) -> None:
 def main() -> None:
     from sweepbench.measure.store_cli import maybe_run as maybe_store  # `sweepbench store list|clear`
     from sweepbench.report.cli import maybe_run  # `sweepbench report|compare ...`; imported lazily
+
     if maybe_run() or maybe_store():
         return
     if any(arg in HELP_FLAGS for arg in sys.argv[1:]):

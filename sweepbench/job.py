@@ -83,8 +83,14 @@ def run(cfg: DictConfig) -> dict[str, Any] | None:
 
     def record(outcome: JobOutcome) -> dict[str, Any]:
         return record_job(
-            cfg, outcome, job_dir=job_dir, tag=tag, world_size=world_size, overrides=job_overrides(),
-            group=sweep_group(), wall_time_s=time.monotonic() - tic,
+            cfg,
+            outcome,
+            job_dir=job_dir,
+            tag=tag,
+            world_size=world_size,
+            overrides=job_overrides(),
+            group=sweep_group(),
+            wall_time_s=time.monotonic() - tic,
         )
 
     return mode.run(cfg, world_size=world_size, job_dir=job_dir, record=record)

@@ -50,10 +50,12 @@ class SweepbenchSubmititLocalConf(LocalQueueConf):
     poll_s: float = 1.0
 
 
-ConfigStore.instance().store(group="hydra/launcher", name="sweepbench_slurm", node=SweepbenchSlurmConf,
-                             provider="sweepbench")
-ConfigStore.instance().store(group="hydra/launcher", name="sweepbench_submitit_local",
-                             node=SweepbenchSubmititLocalConf, provider="sweepbench")
+ConfigStore.instance().store(
+    group="hydra/launcher", name="sweepbench_slurm", node=SweepbenchSlurmConf, provider="sweepbench"
+)
+ConfigStore.instance().store(
+    group="hydra/launcher", name="sweepbench_submitit_local", node=SweepbenchSubmititLocalConf, provider="sweepbench"
+)
 
 
 class SweepbenchSlurmLauncher(Launcher):

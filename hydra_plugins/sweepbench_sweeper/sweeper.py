@@ -21,8 +21,9 @@ class SweepbenchSweeperConf:
     params: Optional[Dict[str, str]] = None
 
 
-ConfigStore.instance().store(group="hydra/sweeper", name="sweepbench", node=SweepbenchSweeperConf,
-                             provider="sweepbench")
+ConfigStore.instance().store(
+    group="hydra/sweeper", name="sweepbench", node=SweepbenchSweeperConf, provider="sweepbench"
+)
 
 
 class SweepbenchSweeper(Sweeper):

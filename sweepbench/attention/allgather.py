@@ -53,12 +53,34 @@ class AllGatherAttention(torch.autograd.Function):
         kv = gather_sequence(opt.comm, torch.stack([k, v]), dim=3, placement=opt.placement)
         dq = torch.zeros_like(q, dtype=torch.float32)
         dkv = torch.zeros_like(kv, dtype=torch.float32)
-        attend_backward(opt.backend, dout.contiguous(), q, kv[0], kv[1], out, lse, _blocks(opt, q.shape[2]),
-                        scale=opt.scale, aux=aux, dq=dq, dk=dkv[0], dv=dkv[1])
+        attend_backward(
+            opt.backend,
+            dout.contiguous(),
+            q,
+            kv[0],
+            kv[1],
+            out,
+            lse,
+            _blocks(opt, q.shape[2]),
+            scale=opt.scale,
+            aux=aux,
+            dq=dq,
+            dk=dkv[0],
+            dv=dkv[1],
+        )
         mine = reduce_scatter_sequence(opt.comm, dkv, dim=3, placement=opt.placement)
         return dq.to(q.dtype), mine[0].to(k.dtype), mine[1].to(v.dtype), None
 
 
-def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, comm: Comm, causal: bool,
-                        scale: float, backend: SdpaBackend, placement: str) -> torch.Tensor:
+def allgather_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    comm: Comm,
+    causal: bool,
+    scale: float,
+    backend: SdpaBackend,
+    placement: str,
+) -> torch.Tensor:
     return AllGatherAttention.apply(q, k, v, AllGatherOptions(causal, scale, backend, comm, placement))

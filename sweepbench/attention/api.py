@@ -28,18 +28,36 @@ def default_sdpa_backend(device: torch.device, dtype: torch.dtype) -> str:
     raise ValueError(f"no SDPA backend runs {dtype} on {device.type}; registered: {', '.join(SDPA_BACKENDS)}")
 
 
-def cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, impl: str = "ring",
-                 group: dist.ProcessGroup | None = None, causal: bool = True, scale: float | None = None,
-                 sdpa_backend: str | None = None, pattern: str = "dense",
-                 segment_lengths: Sequence[int] = (), dilation_rates: Sequence[int] = (),
-                 comm: Comm | None = None) -> torch.Tensor:
+def cp_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    impl: str = "ring",
+    group: dist.ProcessGroup | None = None,
+    causal: bool = True,
+    scale: float | None = None,
+    sdpa_backend: str | None = None,
+    pattern: str = "dense",
+    segment_lengths: Sequence[int] = (),
+    dilation_rates: Sequence[int] = (),
+    comm: Comm | None = None,
+) -> torch.Tensor:
     """Context-parallel attention of this rank's queries over the whole sequence (autograd-aware)."""
     comm = comm or Comm(group)
     backend = get_backend(sdpa_backend or default_sdpa_backend(q.device, q.dtype))
     return get_impl(impl).load()(
-        q, k, v, comm=comm, causal=causal, scale=scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]),
-        backend=backend, pattern=pattern, branches=branches_of(list(segment_lengths), list(dilation_rates)),
-        seq_len=q.shape[2] * comm.size)
+        q,
+        k,
+        v,
+        comm=comm,
+        causal=causal,
+        scale=scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]),
+        backend=backend,
+        pattern=pattern,
+        branches=branches_of(list(segment_lengths), list(dilation_rates)),
+        seq_len=q.shape[2] * comm.size,
+    )
 
 
 def cp_context(impl: str, *, comm: Comm, seq_len: int, device: torch.device, **options: Any) -> ContextManager:

@@ -9,24 +9,41 @@ from sweepbench.core import NotOnThisMachine
 
 def _check_dilated(seq_len: int, chunk: int, segment_lengths: list[int], dilation_rates: list[int]) -> None:
     if len(segment_lengths) != len(dilation_rates) or not segment_lengths:
-        raise ValueError(f"benchmark.segment_lengths={segment_lengths} and benchmark.dilation_rates="
-                         f"{dilation_rates} must be non-empty lists of the same length")
+        raise ValueError(
+            f"benchmark.segment_lengths={segment_lengths} and benchmark.dilation_rates="
+            f"{dilation_rates} must be non-empty lists of the same length"
+        )
     for w, r in zip(segment_lengths, dilation_rates):
         if w <= 0 or r <= 0:
             raise ValueError(f"segment length {w} and dilation rate {r} must be positive")
         if seq_len % w:
-            raise ValueError(f"benchmark.seq_len={seq_len} is not divisible by segment length {w} "
-                             f"(valid: multiples of every segment length)")
+            raise ValueError(
+                f"benchmark.seq_len={seq_len} is not divisible by segment length {w} "
+                f"(valid: multiples of every segment length)"
+            )
         if w % r:
             raise ValueError(f"dilation rate {r} does not divide its segment length {w} (valid rates: divisors of {w})")
         if chunk % w and (w % chunk or chunk % r):
-            raise ValueError(f"segment length {w} neither divides nor is a multiple of the local chunk of {chunk} "
-                             f"tokens (with rate {r} dividing the chunk); use powers of two or another seq_len")
+            raise ValueError(
+                f"segment length {w} neither divides nor is a multiple of the local chunk of {chunk} "
+                f"tokens (with rate {r} dividing the chunk); use powers of two or another seq_len"
+            )
 
 
-def check_case(*, impl: str, pattern: str, seq_len: int, world_size: int, num_heads: int, causal: bool,
-               segment_lengths: list[int], dilation_rates: list[int], device_type: str, sdpa_backend: str,
-               batch_size: int) -> None:
+def check_case(
+    *,
+    impl: str,
+    pattern: str,
+    seq_len: int,
+    world_size: int,
+    num_heads: int,
+    causal: bool,
+    segment_lengths: list[int],
+    dilation_rates: list[int],
+    device_type: str,
+    sdpa_backend: str,
+    batch_size: int,
+) -> None:
     if impl not in IMPLS:
         raise ValueError(f"benchmark.impl={impl!r} is not valid; choose one of {', '.join(IMPLS)}")
     if pattern not in PATTERNS:
@@ -40,19 +57,29 @@ def check_case(*, impl: str, pattern: str, seq_len: int, world_size: int, num_he
         raise ValueError(f"benchmark.seq_len={seq_len} is not divisible by {what}; use a multiple of {n}")
     if pattern == "dilated":
         _check_dilated(seq_len, seq_len // n, segment_lengths, dilation_rates)
-    reason = why_not(impl, device_type=device_type, world_size=world_size, num_heads=num_heads,
-                     pattern=pattern, causal=causal, ignore_device=True)
+    reason = why_not(
+        impl,
+        device_type=device_type,
+        world_size=world_size,
+        num_heads=num_heads,
+        pattern=pattern,
+        causal=causal,
+        ignore_device=True,
+    )
     if reason:
         raise ValueError(reason)
     if sdpa_backend != "auto" and sdpa_backend not in SDPA_DEVICE:
-        raise ValueError(f"benchmark.sdpa_backend={sdpa_backend!r} is not valid; choose auto or one of "
-                         f"{', '.join(SDPA_DEVICE)}")
+        raise ValueError(
+            f"benchmark.sdpa_backend={sdpa_backend!r} is not valid; choose auto or one of {', '.join(SDPA_DEVICE)}"
+        )
     # last, the checks that depend on where the ranks compute (a dry run from a CPU login node notes them)
-    reason = why_not(impl, device_type=device_type, world_size=world_size, num_heads=num_heads,
-                     pattern=pattern, causal=causal)
+    reason = why_not(
+        impl, device_type=device_type, world_size=world_size, num_heads=num_heads, pattern=pattern, causal=causal
+    )
     if reason:
         raise NotOnThisMachine(reason)
     if sdpa_backend != "auto" and SDPA_DEVICE.get(sdpa_backend) != device_type:
         valid = [name for name, dev in SDPA_DEVICE.items() if dev == device_type]
-        raise NotOnThisMachine(f"benchmark.sdpa_backend={sdpa_backend!r} does not run on {device_type}; "
-                         f"valid: auto, {', '.join(valid)}")
+        raise NotOnThisMachine(
+            f"benchmark.sdpa_backend={sdpa_backend!r} does not run on {device_type}; valid: auto, {', '.join(valid)}"
+        )

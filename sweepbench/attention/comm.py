@@ -85,8 +85,10 @@ class Comm:
         (torch's member-only group creation hangs once other groups exist), so this comm must span
         the default group; the groups are made once per default group (``parallel.comm.subgroup``)."""
         if self.size != dist.get_world_size():
-            raise ValueError(f"splitting a group of {self.size} ranks needs it to be the whole default group "
-                             f"of {dist.get_world_size()} ranks")
+            raise ValueError(
+                f"splitting a group of {self.size} ranks needs it to be the whole default group "
+                f"of {dist.get_world_size()} ranks"
+            )
         mine = None
         for members in partition:
             group = subgroup(self._global(r) for r in members)
@@ -193,6 +195,7 @@ def reduce_scatter_sequence(comm: Comm, x: torch.Tensor, *, dim: int, placement:
     keeping its own tokens (the backward of ``gather_sequence``)."""
     from sweepbench.attention.placement import shard_sequence
 
-    per_rank = torch.stack([shard_sequence(x, dim=dim, rank=j, world_size=comm.size, placement=placement)
-                            for j in range(comm.size)])
+    per_rank = torch.stack(
+        [shard_sequence(x, dim=dim, rank=j, world_size=comm.size, placement=placement) for j in range(comm.size)]
+    )
     return comm.reduce_scatter(per_rank)

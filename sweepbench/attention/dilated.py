@@ -41,8 +41,16 @@ import torch
 
 from sweepbench.attention.accum import merge_
 from sweepbench.attention.comm import Comm, Pending, gather_sequence, reduce_scatter_sequence
-from sweepbench.attention.ops import (Block, SdpaBackend, attend, attend_backward, expand_kv, kv_in, new_accumulators,
-                                      rows_in)
+from sweepbench.attention.ops import (
+    Block,
+    SdpaBackend,
+    attend,
+    attend_backward,
+    expand_kv,
+    kv_in,
+    new_accumulators,
+    rows_in,
+)
 from sweepbench.attention.placement import Span, spans
 
 EXCHANGES = ("covering", "group")
@@ -159,8 +167,21 @@ class _Plan:
 
 
 @functools.lru_cache(maxsize=64)
-def _plan(branches: tuple[Branch, ...], *, causal: bool, placement: str, rank: int, size: int, seq_len: int,
-          exchange: str, head_base: int, batch: int, heads: int, length: int, device: torch.device) -> _Plan:
+def _plan(
+    branches: tuple[Branch, ...],
+    *,
+    causal: bool,
+    placement: str,
+    rank: int,
+    size: int,
+    seq_len: int,
+    exchange: str,
+    head_base: int,
+    batch: int,
+    heads: int,
+    length: int,
+    device: torch.device,
+) -> _Plan:
     """Built once per shape and device (the index is copied to the device once, not per call)."""
     local_spans = spans(placement, rank, size, seq_len)
     by_m: dict[int, list[torch.Tensor]] = {}
@@ -170,8 +191,14 @@ def _plan(branches: tuple[Branch, ...], *, causal: bool, placement: str, rank: i
             by_m.setdefault(br.segment // br.rate, []).append(_segment_index(br, heads, head_base, local_spans))
         elif exchange == "covering":
             assert placement == "contiguous", f"the covering exchange needs the contiguous placement, not {placement}"
-            longs.append((br, "covering", cover(br, rank=rank, world_size=size, seq_len=seq_len, causal=causal),
-                          _index(br, heads, head_base, local_spans)))
+            longs.append(
+                (
+                    br,
+                    "covering",
+                    cover(br, rank=rank, world_size=size, seq_len=seq_len, causal=causal),
+                    _index(br, heads, head_base, local_spans),
+                )
+            )
         else:
             longs.append((br, "group", None, _index(br, heads, head_base, local_spans)))
     row0 = torch.arange(batch)[:, None] * (heads * length)  # (B, 1): where batch entry b's rows start
@@ -191,8 +218,9 @@ def _plan(branches: tuple[Branch, ...], *, causal: bool, placement: str, rank: i
     return _Plan(tuple(groups), tuple(plans), torch.cat(parts).to(device))
 
 
-def _merge_entries(o: torch.Tensor, lse: torch.Tensor, index: torch.Tensor,
-                   rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _merge_entries(
+    o: torch.Tensor, lse: torch.Tensor, index: torch.Tensor, rows: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Every branch's (entries, D) output and (entries,) LSE merged by their log-sum-exp into fp32
     (rows, D) and (rows,): out = sum of exp(lse_e - LSE) * o_e over the entries of a row, LSE their
     logsumexp (rows no entry keeps: 0 and -inf). One pass for all branches."""
@@ -213,9 +241,20 @@ class DilatedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, opt: DilatedOptions):  # type: ignore[override]
         b, h, n, d = q.shape
-        plan = _plan(opt.branches, causal=opt.causal, placement=opt.placement, rank=opt.comm.rank,
-                     size=opt.comm.size, seq_len=opt.seq_len, exchange=opt.exchange, head_base=opt.head_base,
-                     batch=b, heads=h, length=n, device=q.device)
+        plan = _plan(
+            opt.branches,
+            causal=opt.causal,
+            placement=opt.placement,
+            rank=opt.comm.rank,
+            size=opt.comm.size,
+            seq_len=opt.seq_len,
+            exchange=opt.exchange,
+            head_base=opt.head_base,
+            batch=b,
+            heads=h,
+            length=n,
+            device=q.device,
+        )
         # q, k, v of every kept entry, gathered at once: (3, entries, D), each group a contiguous run
         sel = torch.stack([q, k, v]).view(3, b * h * n, d).index_select(1, plan.index)
         received: list[list[torch.Tensor]] = []
@@ -224,45 +263,73 @@ class DilatedAttention(torch.autograd.Function):
             if (cov := lg.cover) is not None:
                 kv = sel[1:, lg.rows].reshape(2, b, h, lg.n, d)  # a contiguous copy: what is sent
                 received.append([torch.empty_like(kv) for _ in cov.srcs])
-                pending.append((opt.comm.send_recv([(p, kv) for p in cov.dsts], list(zip(cov.srcs, received[-1]))),
-                                kv))
+                pending.append((opt.comm.send_recv([(p, kv) for p in cov.dsts], list(zip(cov.srcs, received[-1]))), kv))
             else:
                 received.append([])
                 pending.append(None)
         outs, lses, auxes = [], [], []
         for g in plan.local:
             x = sel[:, g.rows].view(3, b * g.segments, h, g.m, d)
-            o, lse, aux = opt.backend.forward(rows_in(opt.backend, x[0]), kv_in(opt.backend, x[1], h),
-                                              kv_in(opt.backend, x[2], h), opt.causal, opt.scale)
+            o, lse, aux = opt.backend.forward(
+                rows_in(opt.backend, x[0]),
+                kv_in(opt.backend, x[1], h),
+                kv_in(opt.backend, x[2], h),
+                opt.causal,
+                opt.scale,
+            )
             outs.append(_flat(o))
             lses.append(_flat(lse))
             auxes.append([aux])
         for lg, got, wait in zip(plan.long, received, pending):
             qs, ks, vs = sel[:, lg.rows].view(3, b, h, lg.n, d)
             if lg.kind == "covering":
-                o, lse, aux = opt.backend.forward(rows_in(opt.backend, qs), kv_in(opt.backend, ks, h),
-                                                  kv_in(opt.backend, vs, h), opt.causal, opt.scale)
+                o, lse, aux = opt.backend.forward(
+                    rows_in(opt.backend, qs),
+                    kv_in(opt.backend, ks, h),
+                    kv_in(opt.backend, vs, h),
+                    opt.causal,
+                    opt.scale,
+                )
                 wait[0].wait()  # type: ignore[index]
                 call_aux = [aux]
                 if got:
                     o = o.float()
                     for kv in got:
-                        bo, bl, aux = opt.backend.forward(rows_in(opt.backend, qs), kv_in(opt.backend, kv[0], h),
-                                                          kv_in(opt.backend, kv[1], h), False, opt.scale)
+                        bo, bl, aux = opt.backend.forward(
+                            rows_in(opt.backend, qs),
+                            kv_in(opt.backend, kv[0], h),
+                            kv_in(opt.backend, kv[1], h),
+                            False,
+                            opt.scale,
+                        )
                         merge_(o, lse, bo, bl)
                         call_aux.append(aux)
                 auxes.append(call_aux)
             else:
                 o, lse = new_accumulators(qs)
                 kv = _gather_sequence(opt, sel[1:, lg.rows].view(2, b, h, lg.n, d))
-                auxes.append([attend(opt.backend, qs, kv[0], kv[1], _long_blocks(lg.br, spans(
-                    opt.placement, opt.comm.rank, opt.comm.size, opt.seq_len), opt.causal), scale=opt.scale,
-                    out=o, lse=lse)])
+                auxes.append(
+                    [
+                        attend(
+                            opt.backend,
+                            qs,
+                            kv[0],
+                            kv[1],
+                            _long_blocks(
+                                lg.br, spans(opt.placement, opt.comm.rank, opt.comm.size, opt.seq_len), opt.causal
+                            ),
+                            scale=opt.scale,
+                            out=o,
+                            lse=lse,
+                        )
+                    ]
+                )
             outs.append(_flat(o))
             lses.append(_flat(lse))
         one = len(outs) == 1
-        out, lse = _merge_entries(outs[0] if one else torch.cat(outs), lses[0] if one else torch.cat(lses),
-                                  plan.index, b * h * n)
+        out, lse = _merge_entries(
+            outs[0] if one else torch.cat(outs), lses[0] if one else torch.cat(lses), plan.index, b * h * n
+        )
         out = out.view(b, h, n, d).to(q.dtype)
         ctx.save_for_backward(sel, out, lse)
         ctx.meta = (opt, plan, auxes, received)
@@ -280,7 +347,7 @@ class DilatedAttention(torch.autograd.Function):
         grads = torch.zeros((3, b * h * n, d), dtype=torch.float32, device=out.device)
         parts: list[tuple[slice, torch.Tensor]] = []
         returns: list[tuple[torch.Tensor, list[torch.Tensor], Pending, list]] = []  # sends kept alive until done
-        for lg, got, aux in zip(plan.long, received, auxes[len(plan.local):]):  # spanning ones first: their
+        for lg, got, aux in zip(plan.long, received, auxes[len(plan.local) :]):  # spanning ones first: their
             qs, ks, vs = sel[:, lg.rows].view(3, b, h, lg.n, d)  # dK/dV travel meanwhile
             dos, os_ = od[:, lg.rows].view(2, b, h, lg.n, d)
             lsl = ls[lg.rows].view(b, h, lg.n)
@@ -288,14 +355,32 @@ class DilatedAttention(torch.autograd.Function):
             if lg.kind == "covering":
                 sends, dqs = [], []
                 for src, kv, a in zip(lg.cover.srcs, got, aux[1:]):  # type: ignore[union-attr]
-                    gq, gk, gv = be.backward(rows_in(be, dos), rows_in(be, qs), kv_in(be, kv[0], h),
-                                             kv_in(be, kv[1], h), rows_in(be, os_), lsl, a, False, opt.scale)
+                    gq, gk, gv = be.backward(
+                        rows_in(be, dos),
+                        rows_in(be, qs),
+                        kv_in(be, kv[0], h),
+                        kv_in(be, kv[1], h),
+                        rows_in(be, os_),
+                        lsl,
+                        a,
+                        False,
+                        opt.scale,
+                    )
                     dqs.append(gq)
                     sends.append((src, torch.stack([gk, gv], out=torch.empty_like(acc[1:]))))
                 back = [torch.empty_like(acc[1:]) for _ in lg.cover.dsts]  # type: ignore[union-attr]
                 pending = opt.comm.send_recv(sends, list(zip(lg.cover.dsts, back)))  # type: ignore[union-attr]
-                gq, gk, gv = be.backward(rows_in(be, dos), rows_in(be, qs), kv_in(be, ks, h), kv_in(be, vs, h),
-                                         rows_in(be, os_), lsl, aux[0], opt.causal, opt.scale)
+                gq, gk, gv = be.backward(
+                    rows_in(be, dos),
+                    rows_in(be, qs),
+                    kv_in(be, ks, h),
+                    kv_in(be, vs, h),
+                    rows_in(be, os_),
+                    lsl,
+                    aux[0],
+                    opt.causal,
+                    opt.scale,
+                )
                 torch.stack([gq, gk, gv], out=acc)
                 for gq in dqs:
                     acc[0] += gq
@@ -305,16 +390,37 @@ class DilatedAttention(torch.autograd.Function):
                 dkv = torch.zeros_like(kv, dtype=torch.float32)
                 acc[0].zero_()
                 local = spans(opt.placement, opt.comm.rank, opt.comm.size, opt.seq_len)
-                attend_backward(be, dos, qs, kv[0], kv[1], os_, lsl, _long_blocks(lg.br, local, opt.causal),
-                                scale=opt.scale, aux=aux[0], dq=acc[0], dk=dkv[0], dv=dkv[1])
+                attend_backward(
+                    be,
+                    dos,
+                    qs,
+                    kv[0],
+                    kv[1],
+                    os_,
+                    lsl,
+                    _long_blocks(lg.br, local, opt.causal),
+                    scale=opt.scale,
+                    aux=aux[0],
+                    dq=acc[0],
+                    dk=dkv[0],
+                    dv=dkv[1],
+                )
                 acc[1], acc[2] = _scatter_sequence(opt, dkv)
             parts.append((lg.rows, acc.view(3, -1, d)))
         for g, aux in zip(plan.local, auxes):
             x = sel[:, g.rows].view(3, b * g.segments, h, g.m, d)
             dd = od[:, g.rows].view(2, b * g.segments, h, g.m, d)
-            grad = be.backward(rows_in(be, dd[0]), rows_in(be, x[0]), kv_in(be, x[1], h), kv_in(be, x[2], h),
-                               rows_in(be, dd[1]), ls[g.rows].view(b * g.segments, h, g.m), aux[0], opt.causal,
-                               opt.scale)
+            grad = be.backward(
+                rows_in(be, dd[0]),
+                rows_in(be, x[0]),
+                kv_in(be, x[1], h),
+                kv_in(be, x[2], h),
+                rows_in(be, dd[1]),
+                ls[g.rows].view(b * g.segments, h, g.m),
+                aux[0],
+                opt.causal,
+                opt.scale,
+            )
             acc = torch.empty((3, b * g.segments, h, g.m, d), dtype=torch.float32, device=out.device)
             parts.append((g.rows, torch.stack(grad, out=acc).view(3, -1, d)))
         for acc, back, pending, _ in returns:  # the dK/dV the later ranks of each segment computed for ours
@@ -338,9 +444,21 @@ def _scatter_sequence(opt: DilatedOptions, dkv: torch.Tensor) -> tuple[torch.Ten
     return mine[0], mine[1]
 
 
-def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, comm: Comm, causal: bool,
-                      scale: float, backend: SdpaBackend, placement: str, seq_len: int,
-                      branches: tuple[Branch, ...], head_base: int = 0, exchange: str = "group") -> torch.Tensor:
+def dilated_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    comm: Comm,
+    causal: bool,
+    scale: float,
+    backend: SdpaBackend,
+    placement: str,
+    seq_len: int,
+    branches: tuple[Branch, ...],
+    head_base: int = 0,
+    exchange: str = "group",
+) -> torch.Tensor:
     """Dilated attention of the local queries (autograd-aware); kv heads expanded to the q heads."""
     assert exchange in EXCHANGES, f"exchange={exchange!r}; valid: {', '.join(EXCHANGES)}"
     k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])

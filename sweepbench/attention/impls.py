@@ -17,30 +17,59 @@ from sweepbench.attention.ulysses import to_heads, to_sequence
 
 
 def _dilated(q, k, v, *, placement: str, exchange: str, **kw: Any) -> torch.Tensor:
-    return dilated_attention(q, k, v, comm=kw["comm"], causal=kw["causal"], scale=kw["scale"],
-                             backend=kw["backend"], placement=placement, seq_len=kw["seq_len"],
-                             branches=kw["branches"], exchange=exchange)
+    return dilated_attention(
+        q,
+        k,
+        v,
+        comm=kw["comm"],
+        causal=kw["causal"],
+        scale=kw["scale"],
+        backend=kw["backend"],
+        placement=placement,
+        seq_len=kw["seq_len"],
+        branches=kw["branches"],
+        exchange=exchange,
+    )
 
 
 def ring(q, k, v, **kw: Any) -> torch.Tensor:
     if kw["pattern"] == "dilated":  # LongNet's distribution: whole segments local, a spanning one among its ranks
         return _dilated(q, k, v, placement="contiguous", exchange="covering", **kw)
-    return ring_attention(q, k, v, comm=kw["comm"], causal=kw["causal"], scale=kw["scale"],
-                          backend=kw["backend"], placement="zigzag", overlap=True)
+    return ring_attention(
+        q,
+        k,
+        v,
+        comm=kw["comm"],
+        causal=kw["causal"],
+        scale=kw["scale"],
+        backend=kw["backend"],
+        placement="zigzag",
+        overlap=True,
+    )
 
 
 def ring_naive(q, k, v, **kw: Any) -> torch.Tensor:
     if kw["pattern"] == "dilated":  # the reference code's distribution: contiguous, gathered over every rank
         return _dilated(q, k, v, placement="contiguous", exchange="group", **kw)
-    return ring_attention(q, k, v, comm=kw["comm"], causal=kw["causal"], scale=kw["scale"],
-                          backend=kw["backend"], placement="contiguous", overlap=False)
+    return ring_attention(
+        q,
+        k,
+        v,
+        comm=kw["comm"],
+        causal=kw["causal"],
+        scale=kw["scale"],
+        backend=kw["backend"],
+        placement="contiguous",
+        overlap=False,
+    )
 
 
 def allgather(q, k, v, **kw: Any) -> torch.Tensor:
     if kw["pattern"] == "dilated":  # zigzag, the sparse K/V of long segments gathered over every rank
         return _dilated(q, k, v, placement="zigzag", exchange="group", **kw)
-    return allgather_attention(q, k, v, comm=kw["comm"], causal=kw["causal"], scale=kw["scale"],
-                               backend=kw["backend"], placement="zigzag")
+    return allgather_attention(
+        q, k, v, comm=kw["comm"], causal=kw["causal"], scale=kw["scale"], backend=kw["backend"], placement="zigzag"
+    )
 
 
 def ulysses(q, k, v, **kw: Any) -> torch.Tensor:
@@ -49,9 +78,19 @@ def ulysses(q, k, v, **kw: Any) -> torch.Tensor:
     comm = kw["comm"]
     qh, kh, vh = to_heads(q, k, v, comm)
     if kw["pattern"] == "dilated":
-        out = dilated_attention(qh, kh, vh, comm=type(comm).solo(), causal=kw["causal"], scale=kw["scale"],
-                                backend=kw["backend"], placement="contiguous", seq_len=kw["seq_len"],
-                                branches=kw["branches"], head_base=comm.rank * qh.shape[1])
+        out = dilated_attention(
+            qh,
+            kh,
+            vh,
+            comm=type(comm).solo(),
+            causal=kw["causal"],
+            scale=kw["scale"],
+            backend=kw["backend"],
+            placement="contiguous",
+            seq_len=kw["seq_len"],
+            branches=kw["branches"],
+            head_base=comm.rank * qh.shape[1],
+        )
     else:
         out = LocalAttention.apply(qh, kh, vh, kw["backend"], full_blocks(qh.shape[2], kw["causal"]), kw["scale"])
     return to_sequence(out, comm)

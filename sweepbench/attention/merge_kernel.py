@@ -19,8 +19,29 @@ _ROWS = 32  # rows per program: 32 x 128 values of each output (8 KiB in bf16)
 
 
 @triton.jit
-def _merge(out, lse, bout, blse, rows, heads, so_b, so_h, so_l, sl_b, sl_h, sl_l, sb_b, sb_h, sb_l, sc_b, sc_h, sc_l,
-           D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+def _merge(
+    out,
+    lse,
+    bout,
+    blse,
+    rows,
+    heads,
+    so_b,
+    so_h,
+    so_l,
+    sl_b,
+    sl_h,
+    sl_l,
+    sb_b,
+    sb_h,
+    sb_l,
+    sc_b,
+    sc_h,
+    sc_l,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     bh = tl.program_id(1).to(tl.int64)  # offsets in int64: a (B, H, L, D) tensor may pass 2^31 elements
     b, h = bh // heads, bh % heads
@@ -43,10 +64,15 @@ def _merge(out, lse, bout, blse, rows, heads, so_b, so_h, so_l, sl_b, sl_h, sl_l
 def fits(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor) -> bool:
     """The kernel's layout: (B, H, L, D) outputs with packed rows' last dim, (B, H, L) fp32 LSEs, any
     other strides (a row slice of an accumulator is fine)."""
-    return (out.dim() == 4 and block_out.shape == out.shape and lse.shape == block_lse.shape == out.shape[:3]
-            and out.stride(-1) == 1 and block_out.stride(-1) == 1
-            and lse.dtype == block_lse.dtype == torch.float32 and out.dtype in (torch.float32, torch.bfloat16,
-                                                                                 torch.float16))
+    return (
+        out.dim() == 4
+        and block_out.shape == out.shape
+        and lse.shape == block_lse.shape == out.shape[:3]
+        and out.stride(-1) == 1
+        and block_out.stride(-1) == 1
+        and lse.dtype == block_lse.dtype == torch.float32
+        and out.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    )
 
 
 def merge(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor) -> None:
@@ -55,5 +81,18 @@ def merge(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_l
     if out.numel() == 0:
         return
     grid = (triton.cdiv(rows, _ROWS), b * h)
-    _merge[grid](out, lse, block_out, block_lse, rows, h, *out.stride()[:3], *lse.stride(), *block_out.stride()[:3],
-                 *block_lse.stride(), D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_R=_ROWS)
+    _merge[grid](
+        out,
+        lse,
+        block_out,
+        block_lse,
+        rows,
+        h,
+        *out.stride()[:3],
+        *lse.stride(),
+        *block_out.stride()[:3],
+        *block_lse.stride(),
+        D=d,
+        BLOCK_D=triton.next_power_of_2(d),
+        BLOCK_R=_ROWS,
+    )

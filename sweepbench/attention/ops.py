@@ -63,8 +63,7 @@ def _cpu_fwd(q, k, v, causal, scale):
 
 
 def _cpu_bwd(dout, q, k, v, out, lse, aux, causal, scale):
-    return aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        dout, q, k, v, out, lse, 0.0, causal, scale=scale)
+    return aten._scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, out, lse, 0.0, causal, scale=scale)
 
 
 def _cudnn_fwd(q, k, v, causal, scale):
@@ -76,8 +75,23 @@ def _cudnn_fwd(q, k, v, causal, scale):
 def _cudnn_bwd(dout, q, k, v, out, lse, aux, causal, scale):
     seed, offset, trailing = aux
     return aten._scaled_dot_product_cudnn_attention_backward(
-        dout, q, k, v, out, (lse.unsqueeze(-1) if trailing else lse).contiguous(), seed, offset, None, None, None,
-        q.shape[2], k.shape[2], 0.0, causal, scale=scale)
+        dout,
+        q,
+        k,
+        v,
+        out,
+        (lse.unsqueeze(-1) if trailing else lse).contiguous(),
+        seed,
+        offset,
+        None,
+        None,
+        None,
+        q.shape[2],
+        k.shape[2],
+        0.0,
+        causal,
+        scale=scale,
+    )
 
 
 def _flash_fwd(q, k, v, causal, scale):
@@ -88,8 +102,22 @@ def _flash_fwd(q, k, v, causal, scale):
 def _flash_bwd(dout, q, k, v, out, lse, aux, causal, scale):
     cum_q, cum_k, seed, offset = aux
     return aten._scaled_dot_product_flash_attention_backward(
-        dout, q, k, v, out, lse.contiguous(), cum_q, cum_k, q.shape[2], k.shape[2], 0.0, causal,
-        seed, offset, scale=scale)
+        dout,
+        q,
+        k,
+        v,
+        out,
+        lse.contiguous(),
+        cum_q,
+        cum_k,
+        q.shape[2],
+        k.shape[2],
+        0.0,
+        causal,
+        seed,
+        offset,
+        scale=scale,
+    )
 
 
 def _rows_major(x: torch.Tensor) -> torch.Tensor:
@@ -98,8 +126,7 @@ def _rows_major(x: torch.Tensor) -> torch.Tensor:
 
 
 def _efficient_fwd(q, k, v, causal, scale):
-    out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal,
-                                                                          scale=scale)
+    out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal, scale=scale)
     return out, lse[..., : q.shape[2]].float(), (seed, offset)  # its LSE is padded to 32 rows
 
 
@@ -112,7 +139,8 @@ def _efficient_bwd(dout, q, k, v, out, lse, aux, causal, scale):
     pad = -q.shape[2] % 32
     lse = torch.nn.functional.pad(lse, (0, pad)).contiguous()
     dq, dk, dv, _ = aten._scaled_dot_product_efficient_attention_backward(
-        dout, q, k, v, None, out, lse, seed, offset, 0.0, [True, True, True, False], causal, scale=scale)
+        dout, q, k, v, None, out, lse, seed, offset, 0.0, [True, True, True, False], causal, scale=scale
+    )
     return dq, dk, dv
 
 
@@ -169,8 +197,18 @@ def _reduce(dx: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return dx if h == kv_heads else dx.view(b, kv_heads, h // kv_heads, l, d).sum(2)
 
 
-def attend(backend: SdpaBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: Sequence[Block], *,
-           scale: float, out: torch.Tensor, lse: torch.Tensor, fresh: bool = False) -> Aux:
+def attend(
+    backend: SdpaBackend,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    blocks: Sequence[Block],
+    *,
+    scale: float,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    fresh: bool = False,
+) -> Aux:
     """Merge ``blocks`` into the fp32 accumulators ``out`` (B, H, Lq, D) and ``lse`` (B, H, Lq);
     returns the aux tensors (RNG state) of the last op call, which a backward call needs.
     ``fresh``: the accumulators are empty and the blocks' rows disjoint, so the results are copied
@@ -178,8 +216,13 @@ def attend(backend: SdpaBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     aux: Aux = ()
     heads = q.shape[1]
     for b in blocks:
-        o, l, aux = backend.forward(rows_in(backend, q[:, :, b.q]), kv_in(backend, k[:, :, b.k], heads),
-                                    kv_in(backend, v[:, :, b.k], heads), b.causal, scale)
+        o, l, aux = backend.forward(
+            rows_in(backend, q[:, :, b.q]),
+            kv_in(backend, k[:, :, b.k], heads),
+            kv_in(backend, v[:, :, b.k], heads),
+            b.causal,
+            scale,
+        )
         if fresh:
             out[:, :, b.q].copy_(o)
             lse[:, :, b.q].copy_(l)
@@ -188,21 +231,51 @@ def attend(backend: SdpaBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     return aux
 
 
-def block_grads(backend: SdpaBackend, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                out: torch.Tensor, lse: torch.Tensor, b: Block, *, scale: float,
-                aux: Aux) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def block_grads(
+    backend: SdpaBackend,
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    b: Block,
+    *,
+    scale: float,
+    aux: Aux,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One block's share of dq (its query rows) and dk, dv (its keys, summed back to the kv heads)."""
     heads, kv_heads = q.shape[1], k.shape[1]
     gq, gk, gv = backend.backward(
-        rows_in(backend, dout[:, :, b.q]), rows_in(backend, q[:, :, b.q]),
-        kv_in(backend, k[:, :, b.k], heads), kv_in(backend, v[:, :, b.k], heads),
-        rows_in(backend, out[:, :, b.q]), lse[:, :, b.q].contiguous(), aux, b.causal, scale)
+        rows_in(backend, dout[:, :, b.q]),
+        rows_in(backend, q[:, :, b.q]),
+        kv_in(backend, k[:, :, b.k], heads),
+        kv_in(backend, v[:, :, b.k], heads),
+        rows_in(backend, out[:, :, b.q]),
+        lse[:, :, b.q].contiguous(),
+        aux,
+        b.causal,
+        scale,
+    )
     return gq, _reduce(gk, kv_heads), _reduce(gv, kv_heads)
 
 
-def attend_backward(backend: SdpaBackend, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    out: torch.Tensor, lse: torch.Tensor, blocks: Sequence[Block], *, scale: float, aux: Aux,
-                    dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
+def attend_backward(
+    backend: SdpaBackend,
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    blocks: Sequence[Block],
+    *,
+    scale: float,
+    aux: Aux,
+    dq: torch.Tensor,
+    dk: torch.Tensor,
+    dv: torch.Tensor,
+) -> None:
     """Accumulate each block's gradients (from the merged ``out``/``lse``) into fp32 dq, dk, dv."""
     for b in blocks:
         gq, gk, gv = block_grads(backend, dout, q, k, v, out, lse, b, scale=scale, aux=aux)
@@ -214,12 +287,15 @@ def attend_backward(backend: SdpaBackend, dout: torch.Tensor, q: torch.Tensor, k
 def new_accumulators(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 output (zeros) and LSE (-inf) accumulators for the query rows of ``q``."""
     b, h, l, d = q.shape
-    return (torch.zeros(b, h, l, d, dtype=torch.float32, device=q.device),
-            torch.full((b, h, l), float("-inf"), dtype=torch.float32, device=q.device))
+    return (
+        torch.zeros(b, h, l, d, dtype=torch.float32, device=q.device),
+        torch.full((b, h, l), float("-inf"), dtype=torch.float32, device=q.device),
+    )
 
 
-def stash(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-          meta: Any) -> torch.Tensor:
+def stash(
+    ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, meta: Any
+) -> torch.Tensor:
     """The end of an attention Function's forward: the fp32 output in q's dtype, saved for backward
     with q, k, v and the LSE, plus what else backward needs (``meta``)."""
     out = out.to(q.dtype)
@@ -242,8 +318,13 @@ class LocalAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, backend: SdpaBackend, blocks: tuple[Block, ...], scale: float):  # type: ignore[override]
         merged, aux = Merged(q), ()
         for i, b in enumerate(blocks):
-            o, lse, aux = backend.forward(rows_in(backend, q[:, :, b.q]), kv_in(backend, k[:, :, b.k], q.shape[1]),
-                                          kv_in(backend, v[:, :, b.k], q.shape[1]), b.causal, scale)
+            o, lse, aux = backend.forward(
+                rows_in(backend, q[:, :, b.q]),
+                kv_in(backend, k[:, :, b.k], q.shape[1]),
+                kv_in(backend, v[:, :, b.k], q.shape[1]),
+                b.causal,
+                scale,
+            )
             merged.add(b.q, o, lse, last=i == len(blocks) - 1)
         return stash(ctx, q, k, v, *merged.result(), (backend, blocks, scale, aux))
 
@@ -253,8 +334,9 @@ class LocalAttention(torch.autograd.Function):
         dout = dout.contiguous()
         sums = [RowSum(x.shape, device=x.device) for x in (q, k, v)]
         for b in blocks:
-            for s, rows, g in zip(sums, (b.q, b.k, b.k), block_grads(backend, dout, q, k, v, out, lse, b, scale=scale,
-                                                                      aux=aux)):
+            for s, rows, g in zip(
+                sums, (b.q, b.k, b.k), block_grads(backend, dout, q, k, v, out, lse, b, scale=scale, aux=aux)
+            ):
                 s.add(rows, g)
         return (*(s.result(x.dtype) for s, x in zip(sums, (q, k, v))), None, None, None)
 
@@ -264,7 +346,8 @@ def full_blocks(seq_len: int, causal: bool) -> tuple[Block, ...]:
     return (Block(slice(0, seq_len), slice(0, seq_len), causal),)
 
 
-def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend: str, causal: bool,
-                   scale: float) -> torch.Tensor:
+def sdpa_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend: str, causal: bool, scale: float
+) -> torch.Tensor:
     """Plain attention on one device through ``backend`` (autograd-aware)."""
     return LocalAttention.apply(q, k, v, get_backend(backend), full_blocks(q.shape[2], causal), scale)

@@ -24,6 +24,7 @@ def _placement(name: str):
             raise ValueError(f"placement {name!r} registered twice")
         PLACEMENTS[name] = fn
         return fn
+
     return wrap
 
 
@@ -46,7 +47,7 @@ def _usp(rank: int, world_size: int) -> list[int]:
     u = usp_degree(world_size)
     ring, (i, j) = world_size // u, divmod(rank, u)
     share = [i * u + p for p in range(u)] + [(2 * ring - 1 - i) * u + p for p in range(u)]
-    return share[2 * j: 2 * j + 2]
+    return share[2 * j : 2 * j + 2]
 
 
 def num_chunks(placement: str, world_size: int) -> int:
@@ -80,8 +81,9 @@ def spans(placement: str, rank: int, world_size: int, seq_len: int) -> list[Span
 
 def positions(placement: str, rank: int, world_size: int, seq_len: int) -> torch.Tensor:
     """Global token positions of a rank's local tokens (for RoPE), in local order."""
-    return torch.cat([torch.arange(s.global_start, s.global_start + s.length)
-                      for s in spans(placement, rank, world_size, seq_len)])
+    return torch.cat(
+        [torch.arange(s.global_start, s.global_start + s.length) for s in spans(placement, rank, world_size, seq_len)]
+    )
 
 
 def shard_sequence(x: torch.Tensor, *, dim: int, rank: int, world_size: int, placement: str) -> torch.Tensor:
@@ -90,12 +92,14 @@ def shard_sequence(x: torch.Tensor, *, dim: int, rank: int, world_size: int, pla
     return torch.cat([parts[k] for k in chunks_of(placement, rank, world_size)], dim=dim)
 
 
-def unshard_sequence(chunks_or_x: torch.Tensor | Sequence[torch.Tensor], *, dim: int, world_size: int,
-                     placement: str) -> torch.Tensor:
+def unshard_sequence(
+    chunks_or_x: torch.Tensor | Sequence[torch.Tensor], *, dim: int, world_size: int, placement: str
+) -> torch.Tensor:
     """Back to sequence order: from every rank's local tensor (a list, rank order) or from their
     concatenation along ``dim`` in rank order (what an all-gather gives)."""
-    per_rank = (list(chunks_or_x) if not isinstance(chunks_or_x, torch.Tensor)
-                else list(chunks_or_x.chunk(world_size, dim=dim)))
+    per_rank = (
+        list(chunks_or_x) if not isinstance(chunks_or_x, torch.Tensor) else list(chunks_or_x.chunk(world_size, dim=dim))
+    )
     assert len(per_rank) == world_size, f"{len(per_rank)} local tensors for {world_size} ranks"
     n = num_chunks(placement, world_size)
     ordered: list[torch.Tensor | None] = [None] * n

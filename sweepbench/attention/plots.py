@@ -40,25 +40,56 @@ def scaling_plots(jobs: list[dict[str, Any]]) -> list[tuple[str, Figure, str]]:
     if len(sizes) < 2:  # one ring size: no axis to draw against (the report plots what the sweep varied)
         return []
     figs = [
-        (f"Speedup over one device @{longest} tokens",
-         line_plot(speedup, xlabel="ring size W", ylabel="T1 / T_W", log2_x=True,
-                   ideal=[(w, float(w)) for w in sizes], ideal_label="ideal (W)"),
-         "T1: the whole sequence on one device with its fastest SDPA backend, measured in the same job."),
-        (f"Scaling efficiency @{longest} tokens",
-         line_plot(efficiency, xlabel="ring size W", ylabel="T1 / (W T_W)", log2_x=True,
-                   ideal=[(w, 1.0) for w in sizes], ideal_label="ideal (1)"),
-         "Efficiency = T1 / (W x T_W), fwd+bwd (or fwd only) of the slowest rank."),
-        (f"Peak memory per rank @{longest} tokens",
-         line_plot(memory, xlabel="ring size W", ylabel="GiB (busiest rank)", log2_x=True),
-         "torch's peak allocated memory after a reset (GPU); host max RSS on a CPU."),
+        (
+            f"Speedup over one device @{longest} tokens",
+            line_plot(
+                speedup,
+                xlabel="ring size W",
+                ylabel="T1 / T_W",
+                log2_x=True,
+                ideal=[(w, float(w)) for w in sizes],
+                ideal_label="ideal (W)",
+            ),
+            "T1: the whole sequence on one device with its fastest SDPA backend, measured in the same job.",
+        ),
+        (
+            f"Scaling efficiency @{longest} tokens",
+            line_plot(
+                efficiency,
+                xlabel="ring size W",
+                ylabel="T1 / (W T_W)",
+                log2_x=True,
+                ideal=[(w, 1.0) for w in sizes],
+                ideal_label="ideal (1)",
+            ),
+            "Efficiency = T1 / (W x T_W), fwd+bwd (or fwd only) of the slowest rank.",
+        ),
+        (
+            f"Peak memory per rank @{longest} tokens",
+            line_plot(memory, xlabel="ring size W", ylabel="GiB (busiest rank)", log2_x=True),
+            "torch's peak allocated memory after a reset (GPU); host max RSS on a CPU.",
+        ),
     ]
     for impl in sorted({c["impl"] for _, c in cases}):
         mine = [c for _, c in cases if c["impl"] == impl]
         seqs = sorted({c["seq_len"] for c in mine})
-        grid = [[next((c["efficiency"] for c in mine if c["seq_len"] == s and c["world_size"] == w), None)
-                  for w in sizes] for s in seqs]
-        figs.append((f"Efficiency of {impl}: sequence length x ring size",
-                     heatmap(grid, rows=[str(s) for s in seqs], cols=[str(w) for w in sizes], xlabel="ring size W",
-                             ylabel="tokens", cbar_label="efficiency", fmt="{:.2f}"),
-                     "Blank: not measured (or the job failed)."))
+        grid = [
+            [next((c["efficiency"] for c in mine if c["seq_len"] == s and c["world_size"] == w), None) for w in sizes]
+            for s in seqs
+        ]
+        figs.append(
+            (
+                f"Efficiency of {impl}: sequence length x ring size",
+                heatmap(
+                    grid,
+                    rows=[str(s) for s in seqs],
+                    cols=[str(w) for w in sizes],
+                    xlabel="ring size W",
+                    ylabel="tokens",
+                    cbar_label="efficiency",
+                    fmt="{:.2f}",
+                ),
+                "Blank: not measured (or the job failed).",
+            )
+        )
     return figs

@@ -33,8 +33,9 @@ def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     return (s.softmax(-1) @ _values(q, v)).to(q.dtype)
 
 
-def branch_mask(seq_len: int, heads: int, segment: int, rate: int, *, causal: bool,
-                device: torch.device) -> torch.Tensor:
+def branch_mask(
+    seq_len: int, heads: int, segment: int, rate: int, *, causal: bool, device: torch.device
+) -> torch.Tensor:
     """(heads, L, L): which key each query sees in branch (segment, rate)."""
     pos = torch.arange(seq_len, device=device)
     same = (pos[:, None] // segment) == (pos[None, :] // segment)
@@ -43,8 +44,16 @@ def branch_mask(seq_len: int, heads: int, segment: int, rate: int, *, causal: bo
     return mask[None] & kept[:, :, None] & kept[:, None, :]
 
 
-def math_dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float,
-                           segment_lengths: Sequence[int], dilation_rates: Sequence[int]) -> torch.Tensor:
+def math_dilated_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    scale: float,
+    segment_lengths: Sequence[int],
+    dilation_rates: Sequence[int],
+) -> torch.Tensor:
     s, vals = _scores(q, k, scale), _values(q, v)
     l, h = q.shape[2], q.shape[1]
     # a large finite "minus infinity" keeps rows that a branch leaves empty finite (and their

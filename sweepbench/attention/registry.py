@@ -70,22 +70,55 @@ def register_impl(spec: ImplSpec) -> ImplSpec:
 
 
 _E = "sweepbench.attention.impls"
-register_impl(ImplSpec("ring", "zigzag", f"{_E}:ring",
-                       "zigzag ring, K/V packed, batched async p2p overlapped with compute; dilated: contiguous "
-                       "chunks, a segment's sparse K/V sent only among the ranks it covers",
-                       dilated_placement="contiguous", one_rank_is_t1=True))
-register_impl(ImplSpec("ring_naive", "contiguous", f"{_E}:ring_naive",
-                       "contiguous ring without overlap (what balancing and overlap buy)", one_rank_is_t1=True))
+register_impl(
+    ImplSpec(
+        "ring",
+        "zigzag",
+        f"{_E}:ring",
+        "zigzag ring, K/V packed, batched async p2p overlapped with compute; dilated: contiguous "
+        "chunks, a segment's sparse K/V sent only among the ranks it covers",
+        dilated_placement="contiguous",
+        one_rank_is_t1=True,
+    )
+)
+register_impl(
+    ImplSpec(
+        "ring_naive",
+        "contiguous",
+        f"{_E}:ring_naive",
+        "contiguous ring without overlap (what balancing and overlap buy)",
+        one_rank_is_t1=True,
+    )
+)
 register_impl(ImplSpec("allgather", "zigzag", f"{_E}:allgather", "Llama-3 style: all-gather K/V, Q local"))
-register_impl(ImplSpec("ulysses", "contiguous", f"{_E}:ulysses", "all-to-all over heads",
-                       heads_divisor=_whole, one_rank_is_t1=True))
-register_impl(ImplSpec("usp", "usp", "sweepbench.attention.usp:usp",
-                       "Ulysses inside groups of usp_degree(W) ranks x zigzag ring across them (USP)",
-                       heads_divisor=usp_degree, one_rank_is_t1=True))
-register_impl(ImplSpec("torch_cp", "zigzag", "sweepbench.attention.torch_cp:torch_cp_attention",
-                       "torch.distributed.tensor.experimental.context_parallel (head-tail load balancer)",
-                       device_types=("cuda",), patterns=("dense",), causal_only=True,
-                       context="sweepbench.attention.torch_cp:torch_cp_context", own_comm=False))
+register_impl(
+    ImplSpec(
+        "ulysses", "contiguous", f"{_E}:ulysses", "all-to-all over heads", heads_divisor=_whole, one_rank_is_t1=True
+    )
+)
+register_impl(
+    ImplSpec(
+        "usp",
+        "usp",
+        "sweepbench.attention.usp:usp",
+        "Ulysses inside groups of usp_degree(W) ranks x zigzag ring across them (USP)",
+        heads_divisor=usp_degree,
+        one_rank_is_t1=True,
+    )
+)
+register_impl(
+    ImplSpec(
+        "torch_cp",
+        "zigzag",
+        "sweepbench.attention.torch_cp:torch_cp_attention",
+        "torch.distributed.tensor.experimental.context_parallel (head-tail load balancer)",
+        device_types=("cuda",),
+        patterns=("dense",),
+        causal_only=True,
+        context="sweepbench.attention.torch_cp:torch_cp_context",
+        own_comm=False,
+    )
+)
 
 
 def get_impl(name: str) -> ImplSpec:
@@ -99,8 +132,16 @@ def placement_of(impl: str, pattern: str = "dense") -> str:
     return get_impl(impl).placement_for(pattern)
 
 
-def why_not(impl: str, *, device_type: str, world_size: int, num_heads: int, pattern: str,
-            causal: bool, ignore_device: bool = False) -> str | None:
+def why_not(
+    impl: str,
+    *,
+    device_type: str,
+    world_size: int,
+    num_heads: int,
+    pattern: str,
+    causal: bool,
+    ignore_device: bool = False,
+) -> str | None:
     """None if ``impl`` can run this case, else why not and which impls would (one line);
     ``ignore_device``: the checks that hold wherever the ranks compute."""
     spec = get_impl(impl)
@@ -111,17 +152,25 @@ def why_not(impl: str, *, device_type: str, world_size: int, num_heads: int, pat
         return ", ".join(s.name for s in IMPLS.values() if ok(s)) or "none"
 
     if device_type not in spec.device_types:
-        return (f"impl={impl} runs on {'/'.join(spec.device_types)} only, not {device_type} "
-                f"(on {device_type}: {others(lambda s: device_type in s.device_types)})")
+        return (
+            f"impl={impl} runs on {'/'.join(spec.device_types)} only, not {device_type} "
+            f"(on {device_type}: {others(lambda s: device_type in s.device_types)})"
+        )
     if pattern not in spec.patterns:
-        return f"impl={impl} runs pattern={'/'.join(spec.patterns)} only (pattern={pattern}: " \
-               f"{others(lambda s: pattern in s.patterns)})"
+        return (
+            f"impl={impl} runs pattern={'/'.join(spec.patterns)} only (pattern={pattern}: "
+            f"{others(lambda s: pattern in s.patterns)})"
+        )
     if spec.causal_only and not causal:
-        return f"impl={impl} balances load only under a causal mask; use causal=true " \
-               f"(non-causal: {others(lambda s: not s.causal_only)})"
+        return (
+            f"impl={impl} balances load only under a causal mask; use causal=true "
+            f"(non-causal: {others(lambda s: not s.causal_only)})"
+        )
     d = spec.heads_divisor(world_size) if spec.heads_divisor else 1
     if num_heads % d:
         what = "the ring size" if d == world_size else f"its Ulysses degree at W={world_size},"
-        return (f"impl={impl} needs model.num_heads={num_heads} divisible by {what} {d} (use another cp, or impl="
-                f"{others(lambda s: not s.heads_divisor or num_heads % s.heads_divisor(world_size) == 0)})")
+        return (
+            f"impl={impl} needs model.num_heads={num_heads} divisible by {what} {d} (use another cp, or impl="
+            f"{others(lambda s: not s.heads_divisor or num_heads % s.heads_divisor(world_size) == 0)})"
+        )
     return None

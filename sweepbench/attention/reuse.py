@@ -24,9 +24,11 @@ KIND = "attention-t1"
 REFERENCE = "reference.pt"
 # a backend is left out at length L when, at the longest shorter length of the same shape, its median
 # was above PRUNE_FACTOR x the best's and its fastest sample slower than the best's slowest
-PRUNE_RULE = ("left out at this length: at {shorter} tokens its median {median:.4g} s was {ratio:.2f}x the best's "
-              "({best} {best_median:.4g} s; > factor {factor:g}) and its fastest sample {low:.4g} s slower than "
-              "the best's slowest {best_high:.4g} s")
+PRUNE_RULE = (
+    "left out at this length: at {shorter} tokens its median {median:.4g} s was {ratio:.2f}x the best's "
+    "({best} {best_median:.4g} s; > factor {factor:g}) and its fastest sample {low:.4g} s slower than "
+    "the best's slowest {best_high:.4g} s"
+)
 
 
 def _cpu_name() -> str:
@@ -47,7 +49,8 @@ def software_key(device: torch.device) -> dict[str, Any]:
     return {
         "device": torch.cuda.get_device_name(device) if cuda else _cpu_name(),
         "driver": gpu_info()["driver"] if cuda else None,
-        "torch": torch.__version__, "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if cuda and torch.backends.cudnn.is_available() else None,
         # the CPU kernels' threads (a rank gets the cores / its node's ranks); a GPU's T1 does not depend
         # on them, so that a cp1 and a cp2 job of one length share it
@@ -71,12 +74,18 @@ def _positive(x: Any) -> bool:
 
 def _valid_t1(t1: Any) -> bool:
     """Whether a stored T1 has the fields the runner reads, with positive finite times."""
-    if not (isinstance(t1, dict) and isinstance(t1.get("stats"), dict) and isinstance(t1.get("refused"), dict)
-            and isinstance(t1.get("pruned", {}), dict) and isinstance(t1.get("times_s", {}), dict)):
+    if not (
+        isinstance(t1, dict)
+        and isinstance(t1.get("stats"), dict)
+        and isinstance(t1.get("refused"), dict)
+        and isinstance(t1.get("pruned", {}), dict)
+        and isinstance(t1.get("times_s", {}), dict)
+    ):
         return False
     stats_ok = all(isinstance(s, dict) and _positive(s.get("median_s")) for s in t1["stats"].values())
-    times_ok = all(isinstance(ts, list) and ts and all(_positive(x) for x in ts)
-                   for ts in t1.get("times_s", {}).values())
+    times_ok = all(
+        isinstance(ts, list) and ts and all(_positive(x) for x in ts) for ts in t1.get("times_s", {}).values()
+    )
     return stats_ok and times_ok
 
 
@@ -95,8 +104,9 @@ class T1Entry:
         """{"stats": {backend: stats}, "refused": {backend: why}, ...} as an earlier job measured it."""
         t1 = self.entry.value("t1")
         if t1 is not None and not _valid_t1(t1):
-            print(f"sweepbench: ignoring store entry {self.entry.where} (its t1 is not T1's); measuring again",
-                  flush=True)
+            print(
+                f"sweepbench: ignoring store entry {self.entry.where} (its t1 is not T1's); measuring again", flush=True
+            )
             return None
         return t1
 
@@ -121,8 +131,11 @@ class T1Entry:
             print(f"sweepbench: ignoring store file {path} (not a list of tensors); measuring again", flush=True)
             return None
         if like is not None and [(x.shape, x.dtype) for x in ref] != [(x.shape, x.dtype) for x in like]:
-            print(f"sweepbench: ignoring store file {path} (tensors not shaped as this case's output and "
-                  f"gradients); measuring again", flush=True)
+            print(
+                f"sweepbench: ignoring store file {path} (tensors not shaped as this case's output and "
+                f"gradients); measuring again",
+                flush=True,
+            )
             return None
         return ref
 
@@ -146,8 +159,7 @@ class T1Entry:
             raise
 
 
-def prune(lengths: dict[str, Any] | None, *, seq_len: int, candidates: list[str],
-          factor: float) -> dict[str, str]:
+def prune(lengths: dict[str, Any] | None, *, seq_len: int, candidates: list[str], factor: float) -> dict[str, str]:
     """{backend: why} of the candidates that lost clearly at the longest length below ``seq_len``
     this shape was measured at (``PRUNE_RULE``), or were left out there already (a backend left out
     once stays out at every longer length); {} with ``factor`` 0 or nothing shorter."""
@@ -157,8 +169,11 @@ def prune(lengths: dict[str, Any] | None, *, seq_len: int, candidates: list[str]
     if not shorter:
         return {}
     at = max(shorter)
-    stats = {b: s for b, s in lengths[str(at)].items()
-             if isinstance(s, dict) and all(isinstance(s.get(k), (int, float)) for k in ("median_s", "min_s", "max_s"))}
+    stats = {
+        b: s
+        for b, s in lengths[str(at)].items()
+        if isinstance(s, dict) and all(isinstance(s.get(k), (int, float)) for k in ("median_s", "min_s", "max_s"))
+    }
     if len(stats) < 2:
         return {}
     best = min(stats, key=lambda b: stats[b]["median_s"])
@@ -174,9 +189,16 @@ def prune(lengths: dict[str, Any] | None, *, seq_len: int, candidates: list[str]
             continue
         ratio = s["median_s"] / b0["median_s"]
         if ratio > factor and s["min_s"] > b0["max_s"]:
-            why[b] = PRUNE_RULE.format(shorter=at, median=s["median_s"], ratio=ratio, best=best,
-                                       best_median=b0["median_s"], factor=factor, low=s["min_s"],
-                                       best_high=b0["max_s"])
+            why[b] = PRUNE_RULE.format(
+                shorter=at,
+                median=s["median_s"],
+                ratio=ratio,
+                best=best,
+                best_median=b0["median_s"],
+                factor=factor,
+                low=s["min_s"],
+                best_high=b0["max_s"],
+            )
     return why
 
 

@@ -104,8 +104,10 @@ def _sized(like: torch.Tensor, rows: slice, dtype: torch.dtype) -> torch.Tensor:
 
 def _empty(like: KV) -> KV:
     """Contiguous receive buffers shaped like ``like`` (whatever its strides)."""
-    return (torch.empty(like[0].shape, dtype=like[0].dtype, device=like[0].device),
-            torch.empty(like[1].shape, dtype=like[1].dtype, device=like[1].device))
+    return (
+        torch.empty(like[0].shape, dtype=like[0].dtype, device=like[0].device),
+        torch.empty(like[1].shape, dtype=like[1].dtype, device=like[1].device),
+    )
 
 
 class RingAttention(torch.autograd.Function):
@@ -123,8 +125,12 @@ class RingAttention(torch.autograd.Function):
             blocks = schedule(r, (r - s) % w, n, opt.causal)
             for i, b in enumerate(blocks):
                 o, lse, step_aux = opt.backend.forward(
-                    rows_in(opt.backend, q[:, :, b.q]), kv_in(opt.backend, cur[0][:, :, b.k], q.shape[1]),
-                    kv_in(opt.backend, cur[1][:, :, b.k], q.shape[1]), b.causal, opt.scale)
+                    rows_in(opt.backend, q[:, :, b.q]),
+                    kv_in(opt.backend, cur[0][:, :, b.k], q.shape[1]),
+                    kv_in(opt.backend, cur[1][:, :, b.k], q.shape[1]),
+                    b.causal,
+                    opt.scale,
+                )
                 merged.add(b.q, o, lse, last=s == w - 1 and i == len(blocks) - 1)
                 aux = step_aux if aux is None else aux
             if pending is not None:
@@ -181,6 +187,16 @@ class RingAttention(torch.autograd.Function):
         return dq.result(q.dtype), grads[0], grads[1], None
 
 
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, comm: Comm, causal: bool, scale: float,
-                   backend: SdpaBackend, placement: str, overlap: bool) -> torch.Tensor:
+def ring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    comm: Comm,
+    causal: bool,
+    scale: float,
+    backend: SdpaBackend,
+    placement: str,
+    overlap: bool,
+) -> torch.Tensor:
     return RingAttention.apply(q, k, v, RingOptions(placement, overlap, causal, scale, backend, comm))

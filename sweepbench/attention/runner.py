@@ -42,8 +42,10 @@ from sweepbench.measure.memory import memory_peaks, reset_peaks
 from sweepbench.measure.progress import case_done
 from sweepbench.measure.store import Store
 
-FLOP_NOTE = ("forward 4*B*H*D per attended (query, key) pair, causal = half the pairs, dilated = the "
-             "branches' pairs; backward 2.5x forward; TFLOP/s = FLOPs / median time")
+FLOP_NOTE = (
+    "forward 4*B*H*D per attended (query, key) pair, causal = half the pairs, dilated = the "
+    "branches' pairs; backward 2.5x forward; TFLOP/s = FLOPs / median time"
+)
 
 
 def _leaves(*xs: torch.Tensor) -> list[torch.Tensor]:
@@ -72,40 +74,98 @@ def _candidates(device: torch.device, dtype: torch.dtype) -> list[str]:
     return [n for n in names if n != "cudnn" or best == "cudnn"]  # cuDNN only where it is enabled
 
 
-def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, batch: int, heads: int, kv_heads: int,
-             head_dim: int, seq_len: int, dtype: str, causal: bool, backward: bool, impl: str, pattern: str,
-             segment_lengths: list[int], dilation_rates: list[int], sdpa_backend: str, rotate_method: str,
-             warmup: int, iters: int, t1_iters: int, t1_fault: str = "", t1_prune_factor: float = 0.0,
-             store: Store | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def run_case(
+    *,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    seed: int,
+    batch: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    seq_len: int,
+    dtype: str,
+    causal: bool,
+    backward: bool,
+    impl: str,
+    pattern: str,
+    segment_lengths: list[int],
+    dilation_rates: list[int],
+    sdpa_backend: str,
+    rotate_method: str,
+    warmup: int,
+    iters: int,
+    t1_iters: int,
+    t1_fault: str = "",
+    t1_prune_factor: float = 0.0,
+    store: Store | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
     phase_s: dict[str, float] = {}
     tic = time.perf_counter()
     dt = getattr(torch, dtype)
     shape = Shape(batch, heads, kv_heads, seq_len, head_dim)
     branches = branches_of(segment_lengths, dilation_rates)
     inputs = make_inputs(shape, dtype=dt, device=device, seed=seed)
-    t1_case = T1Case(batch, heads, kv_heads, seq_len, head_dim, dtype, str(device), seed, causal, backward, pattern,
-                     [[b.segment, b.rate] for b in branches] if pattern == "dilated" else [], t1_iters,
-                     torch.get_num_threads())
-    t1, reference, t1_source = t1_and_reference(rank, inputs, t1_case, candidates=_candidates(device, dt),
-                                                fault=t1_fault, store=store, prune_factor=t1_prune_factor)
+    t1_case = T1Case(
+        batch,
+        heads,
+        kv_heads,
+        seq_len,
+        head_dim,
+        dtype,
+        str(device),
+        seed,
+        causal,
+        backward,
+        pattern,
+        [[b.segment, b.rate] for b in branches] if pattern == "dilated" else [],
+        t1_iters,
+        torch.get_num_threads(),
+    )
+    t1, reference, t1_source = t1_and_reference(
+        rank,
+        inputs,
+        t1_case,
+        candidates=_candidates(device, dt),
+        fault=t1_fault,
+        store=store,
+        prune_factor=t1_prune_factor,
+    )
     t1_reused = t1_source["reused"]
     t1_stats = t1["stats"]
     t1_backend = min(t1_stats, key=lambda n: t1_stats[n]["median_s"])
     backend = t1_backend if sdpa_backend == "auto" else sdpa_backend
-    t1_local_s = t1_local(rank, t1_case, world_size=world_size, backend=t1_backend,
-                          candidates=_candidates(device, dt), fault=t1_fault, device=device, store=store)
+    t1_local_s = t1_local(
+        rank,
+        t1_case,
+        world_size=world_size,
+        backend=t1_backend,
+        candidates=_candidates(device, dt),
+        fault=t1_fault,
+        device=device,
+        store=store,
+    )
     spec = get_impl(impl)
     placement = spec.placement_for(pattern)
     # W=1 running T1's kernel: its fwd+bwd is what T1 timed, and it has no communication to leave out
-    total_is_t1 = (world_size == 1 and spec.one_rank_is_t1 and pattern == "dense" and backend == t1_backend
-                   and bool((t1.get("times_s") or {}).get(backend)))
+    total_is_t1 = (
+        world_size == 1
+        and spec.one_rank_is_t1
+        and pattern == "dense"
+        and backend == t1_backend
+        and bool((t1.get("times_s") or {}).get(backend))
+    )
     no_comm_loop = spec.own_comm and not total_is_t1
     steps = 3 + no_comm_loop  # T1, verified, timed, and the same without communication
     phase_s["t1_and_reference"] = time.perf_counter() - tic
     if not t1_reused:  # its parts, where this job measured them (T1's children, the reference)
         phase_s.update({f"t1_{k}": v for k, v in (t1.get("phase_s") or {}).items()})
-    case_done(f"T1 (one device, {t1_backend}): {t1_stats[t1_backend]['median_s'] * 1e3:.3g} ms"
-              f"{' (' + measured_note(t1_source['measured']) + ')' if t1_reused else ''}", total=steps)
+    case_done(
+        f"T1 (one device, {t1_backend}): {t1_stats[t1_backend]['median_s'] * 1e3:.3g} ms"
+        f"{' (' + measured_note(t1_source['measured']) + ')' if t1_reused else ''}",
+        total=steps,
+    )
     tic = time.perf_counter()
     mine = [shard_sequence(x, dim=2, rank=rank, world_size=world_size, placement=placement) for x in inputs]
     del inputs
@@ -125,8 +185,16 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
             yield
 
     def forward(c: Comm) -> torch.Tensor:
-        return cp_attention(*leaves, impl=impl, causal=causal, sdpa_backend=backend, pattern=pattern,
-                            segment_lengths=segment_lengths, dilation_rates=dilation_rates, comm=c)
+        return cp_attention(
+            *leaves,
+            impl=impl,
+            causal=causal,
+            sdpa_backend=backend,
+            pattern=pattern,
+            segment_lengths=segment_lengths,
+            dilation_rates=dilation_rates,
+            comm=c,
+        )
 
     def total(c: Comm) -> Callable[[], torch.Tensor]:
         def run() -> torch.Tensor:  # forward and backward; the output (verification reads it)
@@ -135,6 +203,7 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
             if backward:
                 out.backward(ldout)
             return out
+
         return run
 
     # verify once, before any time counts: the output and gradients of one forward and backward,
@@ -177,8 +246,9 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
     with opened():
         fwd = time_iterations(lambda: forward(comm), warmup=warmup, iters=iters, device=device)
     with opened():
-        bwd = time_iterations(bwd_only, warmup=warmup, iters=iters, device=device,
-                              before=prepare_bwd) if backward else []
+        bwd = (
+            time_iterations(bwd_only, warmup=warmup, iters=iters, device=device, before=prepare_bwd) if backward else []
+        )
     own: list[float] = []
     step = total(comm)
 
@@ -199,15 +269,17 @@ def run_case(*, rank: int, world_size: int, device: torch.device, seed: int, bat
             tot = time_iterations(timed_step, warmup=warmup, iters=iters, device=device)
         memory = memory_peaks(device)
     tot_stats = summarize(tot)
-    case_done(f"{impl} W={world_size} {'total from T1' if total_is_t1 else 'timed'}: "
-              f"{tot_stats['median_s'] * 1e3:.3g} ms", total=steps)
+    case_done(
+        f"{impl} W={world_size} {'total from T1' if total_is_t1 else 'timed'}: {tot_stats['median_s'] * 1e3:.3g} ms",
+        total=steps,
+    )
     no_comm = None
     if no_comm_loop:
         with opened():
             no_comm = time_iterations(total(LocalComm()), warmup=warmup, iters=iters, device=device)
         case_done(f"{impl} W={world_size} timed without communication", total=steps)
     phase_s["timing"] = time.perf_counter() - tic
-    own_median = summarize(own[-len(tot):])["median_s"]
+    own_median = summarize(own[-len(tot) :])["median_s"]
     per_rank = [None] * world_size
     dist.all_gather_object(per_rank, {"total_median_s": own_median, **memory, **(sent if spec.own_comm else {})})
     worst = torch.tensor(entries, dtype=torch.float64, device=device)
@@ -224,60 +296,93 @@ def _report(v: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         stats["bwd"] = summarize(v["bwd"])
     t = stats["total"]["median_s"]
     t1 = v["t1_stats"][v["t1_backend"]]["median_s"]
-    flops = attention_flops(shape, causal=v["causal"], backward=v["backward"], pattern=v["pattern"],
-                            branches=v["branches"])
+    flops = attention_flops(
+        shape, causal=v["causal"], backward=v["backward"], pattern=v["pattern"], branches=v["branches"]
+    )
     per_gpu = flops / t / 1e12 / w
     peak = peak_tflops(device)
     if peak is not None and per_gpu > peak:
-        raise VerificationError(f"{per_gpu:.0f} TFLOP/s per GPU is above the device's peak of {peak:.0f}: "
-                                f"the timing or the FLOP count is wrong")
+        raise VerificationError(
+            f"{per_gpu:.0f} TFLOP/s per GPU is above the device's peak of {peak:.0f}: "
+            f"the timing or the FLOP count is wrong"
+        )
     exposed = None if v["no_comm"] is None else t - summarize(v["no_comm"])["median_s"]
     case: dict[str, Any] = {
-        "impl": v["impl"], "pattern": v["pattern"], "world_size": w, "seq_len": shape.seq_len,
-        "batch_size": shape.batch, "heads": shape.heads, "kv_heads": shape.kv_heads, "head_dim": shape.head_dim,
-        "causal": v["causal"], "backward": v["backward"], "dtype": v["dtype"],
+        "impl": v["impl"],
+        "pattern": v["pattern"],
+        "world_size": w,
+        "seq_len": shape.seq_len,
+        "batch_size": shape.batch,
+        "heads": shape.heads,
+        "kv_heads": shape.kv_heads,
+        "head_dim": shape.head_dim,
+        "causal": v["causal"],
+        "backward": v["backward"],
+        "dtype": v["dtype"],
         "segment_lengths": v["segment_lengths"] if v["pattern"] == "dilated" else None,
         "dilation_rates": v["dilation_rates"] if v["pattern"] == "dilated" else None,
-        "sdpa_backend": v["backend"], "placement": v["placement"], "schedule": v["spec"].summary,
-        "rotation_dtype": v["dtype"], "accumulation_dtype": "float32",
+        "sdpa_backend": v["backend"],
+        "placement": v["placement"],
+        "schedule": v["spec"].summary,
+        "rotation_dtype": v["dtype"],
+        "accumulation_dtype": "float32",
         "rotate_method": v["rotate_method"] if v["spec"].context else None,  # an option of the impl's context
-        "times_s": v["tot"], **stats["total"], **{f"{k}_{s}": x for k, st in stats.items() for s, x in st.items()},
-        "per_rank": v["per_rank"], "t1_backend": v["t1_backend"], "t1_s": t1,
+        "times_s": v["tot"],
+        **stats["total"],
+        **{f"{k}_{s}": x for k, st in stats.items() for s, x in st.items()},
+        "per_rank": v["per_rank"],
+        "t1_backend": v["t1_backend"],
+        "t1_s": t1,
         "t1_backends": {n: s["median_s"] for n, s in v["t1_stats"].items()},
         "t1_refused": v["t1"]["refused"],  # backend -> why it cannot run this case (its probe failed or died)
-        "t1_reused": v["t1_reused"], "reference_reused": v["t1_reused"],  # from the store: an earlier job's
+        "t1_reused": v["t1_reused"],
+        "reference_reused": v["t1_reused"],  # from the store: an earlier job's
         # where and when T1 and the reference were measured ({"at", "host", "job", "store"}; None without a store)
         "t1_measured": v["t1_source"]["measured"],
         "t1_pruned": v["t1"].get("pruned") or {},  # backend -> why it was not timed at this length
         "t1_prune_factor": v["t1_prune_factor"],
         # "t1": the fwd+bwd samples are T1's of the same kernel (W=1), not timed again; "timed": this job's
-        "total_from": "t1" if v["total_is_t1"] else "timed", "total_iters": len(v["tot"]),
-        "t1_iters": v["t1_iters"], "phase_s": v["phase_s"],  # wall seconds of T1+reference, verify (its first run), timing
+        "total_from": "t1" if v["total_is_t1"] else "timed",
+        "total_iters": len(v["tot"]),
+        "t1_iters": v["t1_iters"],
+        "phase_s": v["phase_s"],  # wall seconds of T1+reference, verify (its first run), timing
         # an impl with a context (torch_cp): entered once around each loop, warm-up and timed iterations
         "context_entries": len(v["context_entries"]) if spec.context else None,
         "context_entry_s": statistics.median(v["context_entries"]) if spec.context else None,
-        "efficiency": efficiency(t1, t, w), "t1_local_s": v["t1_local_s"],
+        "efficiency": efficiency(t1, t, w),
+        "t1_local_s": v["t1_local_s"],
         "efficiency_local": None if v["t1_local_s"] is None else efficiency_local(v["t1_local_s"], t, w),
         "efficiency_note": "efficiency = T1 / (W * T_W), T1 one device over the whole length; efficiency_local = "
-                           "W * T1(L/W) / T_W, T1(L/W) one device at the per-GPU length",
-        "flop_count": flops, "flop_count_note": FLOP_NOTE,
-        "tflops": flops / t / 1e12, "tflops_per_gpu": per_gpu, "device_peak_tflops": peak,
+        "W * T1(L/W) / T_W, T1(L/W) one device at the per-GPU length",
+        "flop_count": flops,
+        "flop_count_note": FLOP_NOTE,
+        "tflops": flops / t / 1e12,
+        "tflops_per_gpu": per_gpu,
+        "device_peak_tflops": peak,
         "tokens_per_s": shape.batch * shape.seq_len / t,
         "no_comm_median_s": None if exposed is None else t - exposed,
-        "exposed_comm_s": exposed, "exposed_comm_fraction": None if exposed is None else max(exposed, 0.0) / t,
+        "exposed_comm_s": exposed,
+        "exposed_comm_fraction": None if exposed is None else max(exposed, 0.0) / t,
         "exposed_comm_note": "median(total) - median(total with communication replaced by local copies)",
-        "verified": True, "warmup": v["warmup"], "iters": v["iters"],
+        "verified": True,
+        "warmup": v["warmup"],
+        "iters": v["iters"],
         # bytes sent to other ranks in one forward (+backward), the busiest rank's (each rank's: per_rank);
         # None where the impl communicates through another library (torch_cp)
-        **{k: max(r[k] for r in v["per_rank"]) if spec.own_comm else None
-           for k in ("sent_bytes", "sent_bytes_fwd")},
+        **{k: max(r[k] for r in v["per_rank"]) if spec.own_comm else None for k in ("sent_bytes", "sent_bytes_fwd")},
         "sent_bytes_note": "bytes of this rank's data the other ranks received: an all-gather over g ranks "
-                           "counts g-1 copies, a reduce-scatter or all-to-all the g-1 parts for others",
+        "counts g-1 copies, a reduce-scatter or all-to-all the g-1 parts for others",
     }
-    summary = {"total_median_ms": t * 1e3, "fwd_median_ms": stats["fwd"]["median_s"] * 1e3,
-               "t1_ms": t1 * 1e3, "efficiency": case["efficiency"], "tflops": case["tflops"],
-               "tflops_per_gpu": per_gpu, "tokens_per_s": case["tokens_per_s"],
-               "peak_allocated_bytes_max": max((r["peak_allocated_bytes"] or 0) for r in v["per_rank"])}
+    summary = {
+        "total_median_ms": t * 1e3,
+        "fwd_median_ms": stats["fwd"]["median_s"] * 1e3,
+        "t1_ms": t1 * 1e3,
+        "efficiency": case["efficiency"],
+        "tflops": case["tflops"],
+        "tflops_per_gpu": per_gpu,
+        "tokens_per_s": case["tokens_per_s"],
+        "peak_allocated_bytes_max": max((r["peak_allocated_bytes"] or 0) for r in v["per_rank"]),
+    }
     if v["backward"]:
         summary["bwd_median_ms"] = stats["bwd"]["median_s"] * 1e3
     if exposed is not None:
@@ -292,6 +397,9 @@ def _report(v: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     summary["total_from_t1"] = float(v["total_is_t1"])
     assert all(math.isfinite(x) for x in summary.values())
     measured = v["t1_source"]["measured"] or {}
-    text = {"t1_measured_at": measured.get("at"), "t1_measured_on": measured.get("host"),
-            "t1_measured_by": measured.get("job")}
+    text = {
+        "t1_measured_at": measured.get("at"),
+        "t1_measured_on": measured.get("host"),
+        "t1_measured_by": measured.get("job"),
+    }
     return case, {**summary, **{k: x for k, x in text.items() if x}}

@@ -62,8 +62,14 @@ def _why_died(returncode: int) -> str:
     return f"exit code {returncode}"
 
 
-def probe_backends(case: T1Case, candidates: list[str], *, fault: str = "", spent: dict[str, float] | None = None,
-                   reference_to: Path | None = None) -> tuple[dict[str, list[float]], dict[str, str], str | None]:
+def probe_backends(
+    case: T1Case,
+    candidates: list[str],
+    *,
+    fault: str = "",
+    spent: dict[str, float] | None = None,
+    reference_to: Path | None = None,
+) -> tuple[dict[str, list[float]], dict[str, str], str | None]:
     """({backend: per-iteration seconds} of the backends that ran, {backend: why not} of the others,
     the backend whose reference the last child wrote to ``reference_to``, if any). ``spent`` gets
     where the children's wall time went: ``child_start`` (interpreter, imports, CUDA, inputs; every
@@ -75,16 +81,28 @@ def probe_backends(case: T1Case, candidates: list[str], *, fault: str = "", spen
     spent = {} if spent is None else spent
     made = None
     while todo:
-        spec = json.dumps({"case": asdict(case), "backends": todo, "fault": fault, "parent": os.getpid(),
-                           "reference_to": str(reference_to) if reference_to else None})
+        spec = json.dumps(
+            {
+                "case": asdict(case),
+                "backends": todo,
+                "fault": fault,
+                "parent": os.getpid(),
+                "reference_to": str(reference_to) if reference_to else None,
+            }
+        )
         spawned = time.time()
-        proc = subprocess.run([sys.executable, "-m", "sweepbench.attention.single"], input=spec,
-                              stdout=subprocess.PIPE, text=True, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-m", "sweepbench.attention.single"],
+            input=spec,
+            stdout=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
         current: str | None = None
         for line in proc.stdout.splitlines():
             if not line.startswith(PREFIX):
                 continue
-            kind, name, value = json.loads(line[len(PREFIX):])
+            kind, name, value = json.loads(line[len(PREFIX) :])
             if kind == "ready":  # the child's wall clock when it could start probing
                 spent["child_start"] = spent.get("child_start", 0.0) + max(value - spawned, 0.0)
                 continue
@@ -114,9 +132,16 @@ def probe_backends(case: T1Case, candidates: list[str], *, fault: str = "", spen
     return times, refused, made
 
 
-def t1_and_reference(rank: int, inputs: list["torch.Tensor"], case: T1Case, *, candidates: list[str], fault: str,
-                     store: "Store | None", prune_factor: float = 0.0,
-                     ) -> tuple[dict[str, Any], list["torch.Tensor"] | None, dict[str, Any]]:
+def t1_and_reference(
+    rank: int,
+    inputs: list["torch.Tensor"],
+    case: T1Case,
+    *,
+    candidates: list[str],
+    fault: str,
+    store: "Store | None",
+    prune_factor: float = 0.0,
+) -> tuple[dict[str, Any], list["torch.Tensor"] | None, dict[str, Any]]:
     """T1 ({"stats": {backend: stats}, "refused": {backend: why}, "pruned": {backend: why},
     "times_s": {backend: samples}}, on every rank), the reference (out, dq, dk, dv) of T1's fastest
     backend (rank 0; None elsewhere) and where they came from ({"reused": whether both came from
@@ -138,25 +163,38 @@ def t1_and_reference(rank: int, inputs: list["torch.Tensor"], case: T1Case, *, c
             reused = reference is not None
             if not reused:
                 with t1_entry(store, _ranking_key(key)) as ranking:
-                    pruned = prune(ranking.value("lengths") if ranking else None, seq_len=case.seq_len,
-                                   candidates=candidates, factor=prune_factor)
-                t1, reference = _measure(inputs, case, candidates=[c for c in candidates if c not in pruned],
-                                         fault=fault, entry=entry, pruned=pruned)
+                    pruned = prune(
+                        ranking.value("lengths") if ranking else None,
+                        seq_len=case.seq_len,
+                        candidates=candidates,
+                        factor=prune_factor,
+                    )
+                t1, reference = _measure(
+                    inputs,
+                    case,
+                    candidates=[c for c in candidates if c not in pruned],
+                    fault=fault,
+                    entry=entry,
+                    pruned=pruned,
+                )
                 if ranking is not None:
                     with t1_entry(store, _ranking_key(key)) as ranking:
                         lengths = ranking.value("lengths")
                         lengths = dict(lengths) if isinstance(lengths, dict) else {}
                         lengths[str(case.seq_len)] = {
                             **{b: {k: s[k] for k in ("median_s", "min_s", "max_s")} for b, s in t1["stats"].items()},
-                            **{b: {"pruned": why} for b, why in t1["pruned"].items()}}  # stays out further on
+                            **{b: {"pruned": why} for b, why in t1["pruned"].items()},
+                        }  # stays out further on
                         ranking.put("lengths", lengths)
             source = {"reused": reused, "measured": entry.measured if entry else None}
     box = [(t1, source)]
     torch.distributed.broadcast_object_list(box, src=0)
     t1, source = box[0]
     if not t1["stats"]:
-        raise RuntimeError(f"the whole sequence does not run on one device with any SDPA backend, so there is "
-                           f"no T1 and no reference: {t1['refused']}")
+        raise RuntimeError(
+            f"the whole sequence does not run on one device with any SDPA backend, so there is "
+            f"no T1 and no reference: {t1['refused']}"
+        )
     return t1, reference, source
 
 
@@ -164,8 +202,12 @@ def _t1_key(case: T1Case, candidates: list[str], fault: str, device: "torch.devi
     """What T1 and the reference of ``case`` depend on: the store files them by it."""
     from sweepbench.attention.reuse import software_key
 
-    return {**{k: v for k, v in asdict(case).items() if k not in ("device", "num_threads")},
-            "candidates": candidates, "fault": fault, **software_key(device)}
+    return {
+        **{k: v for k, v in asdict(case).items() if k not in ("device", "num_threads")},
+        "candidates": candidates,
+        "fault": fault,
+        **software_key(device),
+    }
 
 
 def _ranking_key(key: dict[str, Any]) -> dict[str, Any]:
@@ -173,8 +215,17 @@ def _ranking_key(key: dict[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in key.items() if k != "seq_len"}, "ranking": True}
 
 
-def t1_local(rank: int, case: T1Case, *, world_size: int, backend: str, candidates: list[str], fault: str,
-             device: "torch.device", store: "Store | None") -> float | None:
+def t1_local(
+    rank: int,
+    case: T1Case,
+    *,
+    world_size: int,
+    backend: str,
+    candidates: list[str],
+    fault: str,
+    device: "torch.device",
+    store: "Store | None",
+) -> float | None:
     """T1 at the per-GPU length (median seconds of one device at ``seq_len // world_size`` with
     ``backend``; on every rank), the base of ``efficiency_local``: from the store where a job
     measured that length (its T1, or this value), else measured in a child as T1 is and stored.
@@ -207,8 +258,15 @@ def t1_local(rank: int, case: T1Case, *, world_size: int, backend: str, candidat
     return box[0]
 
 
-def _measure(inputs: list["torch.Tensor"], case: T1Case, *, candidates: list[str], fault: str,
-             entry: "T1Entry | None", pruned: dict[str, str]) -> tuple[dict[str, Any], list["torch.Tensor"] | None]:
+def _measure(
+    inputs: list["torch.Tensor"],
+    case: T1Case,
+    *,
+    candidates: list[str],
+    fault: str,
+    entry: "T1Entry | None",
+    pruned: dict[str, str],
+) -> tuple[dict[str, Any], list["torch.Tensor"] | None]:
     """T1 measured in children and the reference of its fastest backend. With a store entry the
     last child, where that backend has just run, computes the reference and writes it for the entry
     (read back here); otherwise, or if the child's backend is not the fastest, rank 0 computes it
@@ -228,8 +286,13 @@ def _measure(inputs: list["torch.Tensor"], case: T1Case, *, candidates: list[str
             times, more, made = probe_backends(case, list(pruned), spent=spent, reference_to=tmp)
             refused, pruned = {**refused, **more}, {}
         spent["children"] = time.perf_counter() - tic
-        t1 = {"stats": {n: summarize(t) for n, t in times.items()}, "refused": refused, "pruned": pruned,
-              "times_s": times, "phase_s": spent}
+        t1 = {
+            "stats": {n: summarize(t) for n, t in times.items()},
+            "refused": refused,
+            "pruned": pruned,
+            "times_s": times,
+            "phase_s": spent,
+        }
         if not times:
             return t1, None
         best = min(times, key=lambda n: t1["stats"][n]["median_s"])
@@ -242,8 +305,13 @@ def _measure(inputs: list["torch.Tensor"], case: T1Case, *, candidates: list[str
             if reference is not None:
                 return t1, reference
         tic = time.perf_counter()
-        reference = _fwd_bwd([x.detach().clone().requires_grad_() for x in inputs[:3]], inputs[3], backend=best,
-                             case=case, branches=tuple(Branch(s, r) for s, r in case.branches))
+        reference = _fwd_bwd(
+            [x.detach().clone().requires_grad_() for x in inputs[:3]],
+            inputs[3],
+            backend=best,
+            case=case,
+            branches=tuple(Branch(s, r) for s, r in case.branches),
+        )
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         spent["reference"] = time.perf_counter() - tic
@@ -257,8 +325,9 @@ def _measure(inputs: list["torch.Tensor"], case: T1Case, *, candidates: list[str
             tmp.unlink(missing_ok=True)
 
 
-def _fwd_bwd(leaves: list["torch.Tensor"], dout: "torch.Tensor", *, backend: str, case: T1Case,
-             branches: tuple) -> list["torch.Tensor"]:
+def _fwd_bwd(
+    leaves: list["torch.Tensor"], dout: "torch.Tensor", *, backend: str, case: T1Case, branches: tuple
+) -> list["torch.Tensor"]:
     """The whole sequence on one device with ``backend``: the forward (and, where the case has one,
     the backward into ``leaves``, their old gradients cleared first); [out, dq, dk, dv] or [out]."""
     from sweepbench.attention.scaling import single_device
@@ -310,8 +379,12 @@ def _child(spec: dict[str, Any]) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # the timing loop's group
-    q, k, v, dout = make_inputs(Shape(c.batch, c.heads, c.kv_heads, c.seq_len, c.head_dim),
-                                dtype=getattr(torch, c.dtype), device=device, seed=c.seed)
+    q, k, v, dout = make_inputs(
+        Shape(c.batch, c.heads, c.kv_heads, c.seq_len, c.head_dim),
+        dtype=getattr(torch, c.dtype),
+        device=device,
+        seed=c.seed,
+    )
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
     branches = tuple(Branch(s, r) for s, r in c.branches)
     if device.type == "cuda":

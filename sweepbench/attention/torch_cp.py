@@ -25,8 +25,9 @@ SDPA_KERNELS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficie
 
 
 @contextmanager
-def torch_cp_context(comm: Comm, *, seq_len: int, device: torch.device, rotate_method: str = "allgather",
-                     **_: Any) -> Iterator[None]:
+def torch_cp_context(
+    comm: Comm, *, seq_len: int, device: torch.device, rotate_method: str = "allgather", **_: Any
+) -> Iterator[None]:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import set_rotate_method

@@ -45,8 +45,9 @@ def heads_to_seq(x: torch.Tensor, comm: Comm) -> torch.Tensor:
     return got.transpose(0, 1).reshape(b, hw * w, seq // w, d)
 
 
-def to_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             comm: Comm) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def to_heads(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k, v of a sequence chunk -> the whole sequence for this rank's heads (autograd-aware)."""
     if k.shape[1] % comm.size:
         k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])

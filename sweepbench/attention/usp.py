@@ -26,8 +26,10 @@ def usp_comms(comm: Comm) -> tuple[Comm, Comm]:
     """(this rank's Ulysses group, this rank's ring across the groups); ``comm`` must span the
     default group (``Comm.split``)."""
     u, w = usp_degree(comm.size), comm.size
-    return (comm.split([list(range(i, i + u)) for i in range(0, w, u)]),
-            comm.split([list(range(j, w, u)) for j in range(u)]))
+    return (
+        comm.split([list(range(i, i + u)) for i in range(0, w, u)]),
+        comm.split([list(range(j, w, u)) for j in range(u)]),
+    )
 
 
 def usp(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: Any) -> torch.Tensor:
@@ -38,10 +40,29 @@ def usp(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: Any) -> torch.T
         group, ring = usp_comms(comm)
     qh, kh, vh = to_heads(q, k, v, group) if group.size > 1 else (q, k, v)
     if kw["pattern"] == "dilated":
-        out = dilated_attention(qh, kh, vh, comm=ring, causal=kw["causal"], scale=kw["scale"], backend=kw["backend"],
-                                placement="zigzag", seq_len=kw["seq_len"], branches=kw["branches"],
-                                head_base=group.rank * qh.shape[1])
+        out = dilated_attention(
+            qh,
+            kh,
+            vh,
+            comm=ring,
+            causal=kw["causal"],
+            scale=kw["scale"],
+            backend=kw["backend"],
+            placement="zigzag",
+            seq_len=kw["seq_len"],
+            branches=kw["branches"],
+            head_base=group.rank * qh.shape[1],
+        )
     else:
-        out = ring_attention(qh, kh, vh, comm=ring, causal=kw["causal"], scale=kw["scale"], backend=kw["backend"],
-                             placement="zigzag", overlap=True)
+        out = ring_attention(
+            qh,
+            kh,
+            vh,
+            comm=ring,
+            causal=kw["causal"],
+            scale=kw["scale"],
+            backend=kw["backend"],
+            placement="zigzag",
+            overlap=True,
+        )
     return to_sequence(out, group) if group.size > 1 else out

@@ -59,14 +59,32 @@ DILATED_FLOOR = 0.7
 
 def _page_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
     b, ms = job["config"]["benchmark"], lambda x: None if x is None else x * 1e3
-    return [{"impl": c["impl"], "world_size": c["world_size"], "model": job["config"]["model"]["name"],
-             "pattern": c["pattern"], "heads": c["heads"], "kv_heads": c["kv_heads"], "seq_len": c["seq_len"],
-             "iters": c["iters"], "warmup": c["warmup"], "t1_iters": c["t1_iters"], "median_ms": ms(c["median_s"]),
-             "iqr_ms": ms(c["iqr_s"]), "t1_ms": ms(c["t1_s"]), "efficiency": c["efficiency"],
-             "t1_local_ms": ms(c.get("t1_local_s")), "efficiency_local": c.get("efficiency_local"),
-             "exposed_comm": c["exposed_comm_fraction"], "sdpa_backend": c["sdpa_backend"], "dtype": c["dtype"],
-             "causal": c["causal"], "batch_size": b.get("batch_size", c["batch_size"])}
-            for c in job["results"]["cases"]]
+    return [
+        {
+            "impl": c["impl"],
+            "world_size": c["world_size"],
+            "model": job["config"]["model"]["name"],
+            "pattern": c["pattern"],
+            "heads": c["heads"],
+            "kv_heads": c["kv_heads"],
+            "seq_len": c["seq_len"],
+            "iters": c["iters"],
+            "warmup": c["warmup"],
+            "t1_iters": c["t1_iters"],
+            "median_ms": ms(c["median_s"]),
+            "iqr_ms": ms(c["iqr_s"]),
+            "t1_ms": ms(c["t1_s"]),
+            "efficiency": c["efficiency"],
+            "t1_local_ms": ms(c.get("t1_local_s")),
+            "efficiency_local": c.get("efficiency_local"),
+            "exposed_comm": c["exposed_comm_fraction"],
+            "sdpa_backend": c["sdpa_backend"],
+            "dtype": c["dtype"],
+            "causal": c["causal"],
+            "batch_size": b.get("batch_size", c["batch_size"]),
+        }
+        for c in job["results"]["cases"]
+    ]
 
 
 def _page_derive(rows: list[dict[str, Any]], pool: list[dict[str, Any]]) -> None:
@@ -113,47 +131,78 @@ class AttentionBenchmark(Benchmark):
         if b.t1_fault not in T1_FAULTS:
             raise ValueError(f"benchmark.t1_fault={b.t1_fault!r}; valid: '' (off), exit, kill, raise, segfault")
         if not (b.t1_prune_factor == 0 or b.t1_prune_factor >= 1):
-            raise ValueError(f"benchmark.t1_prune_factor={b.t1_prune_factor}; valid: 0 (time every SDPA backend) "
-                             f"or a factor >= 1")
+            raise ValueError(
+                f"benchmark.t1_prune_factor={b.t1_prune_factor}; valid: 0 (time every SDPA backend) or a factor >= 1"
+            )
         if b.rotate_method not in ("allgather", "alltoall"):
             raise ValueError(f"benchmark.rotate_method={b.rotate_method!r}; valid: allgather, alltoall")
         if cfg.parallelism.tp * cfg.parallelism.pp * cfg.parallelism.dp * cfg.parallelism.ep != 1:
-            raise ValueError(f"benchmark=attention splits the sequence only: use parallelism=cp1/cp2/cp4/cp8, "
-                             f"not {cfg.parallelism.name}")
-        check_case(impl=b.impl, pattern=b.pattern, seq_len=b.seq_len, world_size=w, num_heads=m.num_heads,
-                   causal=b.causal, segment_lengths=list(b.segment_lengths), dilation_rates=list(b.dilation_rates),
-                   device_type=device_type(cfg), sdpa_backend=b.sdpa_backend, batch_size=b.batch_size)
+            raise ValueError(
+                f"benchmark=attention splits the sequence only: use parallelism=cp1/cp2/cp4/cp8, "
+                f"not {cfg.parallelism.name}"
+            )
+        check_case(
+            impl=b.impl,
+            pattern=b.pattern,
+            seq_len=b.seq_len,
+            world_size=w,
+            num_heads=m.num_heads,
+            causal=b.causal,
+            segment_lengths=list(b.segment_lengths),
+            dilation_rates=list(b.dilation_rates),
+            device_type=device_type(cfg),
+            sdpa_backend=b.sdpa_backend,
+            batch_size=b.batch_size,
+        )
 
     @classmethod
     def page(cls) -> PageSpec:
         return PageSpec(
             case=("impl", "world_size", "model", "pattern", "heads", "kv_heads", "seq_len"),
-            columns=("model", "pattern", "heads", "kv_heads", "seq_len", "t1_ms", "efficiency", "t1_local_ms",
-                     "t1_local_run", "efficiency_local", "exposed_comm", "efficiency_target", "meets_target",
-                     "verified"),
+            columns=(
+                "model",
+                "pattern",
+                "heads",
+                "kv_heads",
+                "seq_len",
+                "t1_ms",
+                "efficiency",
+                "t1_local_ms",
+                "t1_local_run",
+                "efficiency_local",
+                "exposed_comm",
+                "efficiency_target",
+                "meets_target",
+                "verified",
+            ),
             rows=_page_rows,
             derive=_page_derive,
-            notes=("`efficiency` = T1 / (W · T_W), T1 being one GPU over the whole length: how close W GPUs come "
-                   "to a W-fold speed-up of one GPU running the same sequence.",
-                   "`efficiency_local` = W · T1(L/W) / T_W, T1(L/W) being one GPU at the per-GPU length measured "
-                   "on this machine (`t1_local_ms`; from the run `t1_local_run` where the row's own run did not "
-                   "measure it; ring-flash-attention's convention): it leaves out that one GPU's kernel runs "
-                   "slower per FLOP at L than at L/W. Both hold for causal attention as for full, since the "
-                   "FLOPs of either grow as L².",
-                   "`exposed_comm`: the share of the time left after replacing communication by local copies.",
-                   "`efficiency_target`: dense, the ring's W=2 targets (0.82 at 16K, 0.92 at 32K, 0.95 at 64K, "
-                   "0.98 at 128K); dilated, the ring-dilated suite's (above 0.7 at every ring size, and from 32K "
-                   "the top of its ranges: 0.90 at W=2, 0.87 at W=4). `efficiency_local` is left empty for "
-                   "dilated rows: their segments are sized for the whole length."))
+            notes=(
+                "`efficiency` = T1 / (W · T_W), T1 being one GPU over the whole length: how close W GPUs come "
+                "to a W-fold speed-up of one GPU running the same sequence.",
+                "`efficiency_local` = W · T1(L/W) / T_W, T1(L/W) being one GPU at the per-GPU length measured "
+                "on this machine (`t1_local_ms`; from the run `t1_local_run` where the row's own run did not "
+                "measure it; ring-flash-attention's convention): it leaves out that one GPU's kernel runs "
+                "slower per FLOP at L than at L/W. Both hold for causal attention as for full, since the "
+                "FLOPs of either grow as L².",
+                "`exposed_comm`: the share of the time left after replacing communication by local copies.",
+                "`efficiency_target`: dense, the ring's W=2 targets (0.82 at 16K, 0.92 at 32K, 0.95 at 64K, "
+                "0.98 at 128K); dilated, the ring-dilated suite's (above 0.7 at every ring size, and from 32K "
+                "the top of its ranges: 0.90 at W=2, 0.87 at W=4). `efficiency_local` is left empty for "
+                "dilated rows: their segments are sized for the whole length.",
+            ),
+        )
 
     @classmethod
     def headline(cls, cfg: DictConfig) -> list[Headline]:
         at = f"@{cfg.benchmark.seq_len} tokens"
-        return [Headline("total_median_ms", f"fwd+bwd ms {at}" if cfg.benchmark.backward else f"fwd ms {at}"),
-                Headline("efficiency", f"efficiency T1/(W·T_W) {at}"),
-                Headline("efficiency_local", f"efficiency W·T1(L/W)/T_W {at}"),
-                Headline("tflops_per_gpu", f"TFLOP/s per GPU {at}"),
-                Headline("exposed_comm_fraction", f"exposed comm / time {at}")]
+        return [
+            Headline("total_median_ms", f"fwd+bwd ms {at}" if cfg.benchmark.backward else f"fwd ms {at}"),
+            Headline("efficiency", f"efficiency T1/(W·T_W) {at}"),
+            Headline("efficiency_local", f"efficiency W·T1(L/W)/T_W {at}"),
+            Headline("tflops_per_gpu", f"TFLOP/s per GPU {at}"),
+            Headline("exposed_comm_fraction", f"exposed comm / time {at}"),
+        ]
 
     def run(self) -> BenchmarkResult:
         from sweepbench.attention.runner import run_case
@@ -164,15 +213,34 @@ class AttentionBenchmark(Benchmark):
         settings = StoreSettings(dir=st.dir, enabled=st.enabled, refresh=st.refresh, max_mb=st.max_mb)
         store = Store.of_job(settings, ctx.job_dir) if ctx.rank == 0 else None
         case, summary = run_case(
-            rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, seed=cfg.seed,
-            batch=cfg.batch_size, heads=m.num_heads, kv_heads=m.num_kv_heads, head_dim=m.hidden_size // m.num_heads,
-            seq_len=cfg.seq_len, dtype=cfg.dtype or m.dtype, causal=cfg.causal, backward=cfg.backward,
-            impl=cfg.impl, pattern=cfg.pattern, segment_lengths=list(cfg.segment_lengths),
-            dilation_rates=list(cfg.dilation_rates), sdpa_backend=cfg.sdpa_backend,
-            rotate_method=cfg.rotate_method, warmup=cfg.warmup, iters=cfg.iters, t1_iters=cfg.t1_iters,
-            t1_fault=cfg.t1_fault, t1_prune_factor=cfg.t1_prune_factor, store=store)
-        return BenchmarkResult(cases=[case], summary=summary, verified=case["verified"],
-                               extra={"flop_count": case["flop_count_note"]})
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            device=ctx.device,
+            seed=cfg.seed,
+            batch=cfg.batch_size,
+            heads=m.num_heads,
+            kv_heads=m.num_kv_heads,
+            head_dim=m.hidden_size // m.num_heads,
+            seq_len=cfg.seq_len,
+            dtype=cfg.dtype or m.dtype,
+            causal=cfg.causal,
+            backward=cfg.backward,
+            impl=cfg.impl,
+            pattern=cfg.pattern,
+            segment_lengths=list(cfg.segment_lengths),
+            dilation_rates=list(cfg.dilation_rates),
+            sdpa_backend=cfg.sdpa_backend,
+            rotate_method=cfg.rotate_method,
+            warmup=cfg.warmup,
+            iters=cfg.iters,
+            t1_iters=cfg.t1_iters,
+            t1_fault=cfg.t1_fault,
+            t1_prune_factor=cfg.t1_prune_factor,
+            store=store,
+        )
+        return BenchmarkResult(
+            cases=[case], summary=summary, verified=case["verified"], extra={"flop_count": case["flop_count_note"]}
+        )
 
     @classmethod
     def report_notes(cls, jobs: list[dict[str, Any]]) -> list[str]:
@@ -186,11 +254,15 @@ class AttentionBenchmark(Benchmark):
                 if "t1_s" not in c:
                     continue
                 where = measured_note(c.get("t1_measured")) if c.get("t1_reused") else "measured by this job"
-                notes.append(f"{job.get('tag')}: T1 {c['t1_s'] * 1e3:.4g} ms ({c.get('t1_backend')}), {where}"
-                             + ("; its fwd+bwd is T1's samples (one rank, the same kernel)"
-                                if c.get("total_from") == "t1" else "")
-                             + (f"; not timed at this length: {', '.join(c['t1_pruned'])}"
-                                if c.get("t1_pruned") else ""))
+                notes.append(
+                    f"{job.get('tag')}: T1 {c['t1_s'] * 1e3:.4g} ms ({c.get('t1_backend')}), {where}"
+                    + (
+                        "; its fwd+bwd is T1's samples (one rank, the same kernel)"
+                        if c.get("total_from") == "t1"
+                        else ""
+                    )
+                    + (f"; not timed at this length: {', '.join(c['t1_pruned'])}" if c.get("t1_pruned") else "")
+                )
         return notes
 
     @classmethod

@@ -49,11 +49,21 @@ def message_sizes(cfg: Any) -> list[int]:
 
 def _page_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
     b = job["config"]["benchmark"]
-    return [{"impl": b.get("impl", "torch"), "world_size": job["world_size"], "op": c["op"],
-             "size_bytes": c["size_bytes"],
-             "dtype": c["dtype"], "iters": c["iters"], "ops_per_sample": b.get("ops_per_sample", 1),
-             "median_ms": c["median_s"] * 1e3, "iqr_ms": c["iqr_s"] * 1e3, "busbw_gbps": c["busbw_gbps"]}
-            for c in job["results"]["cases"]]
+    return [
+        {
+            "impl": b.get("impl", "torch"),
+            "world_size": job["world_size"],
+            "op": c["op"],
+            "size_bytes": c["size_bytes"],
+            "dtype": c["dtype"],
+            "iters": c["iters"],
+            "ops_per_sample": b.get("ops_per_sample", 1),
+            "median_ms": c["median_s"] * 1e3,
+            "iqr_ms": c["iqr_s"] * 1e3,
+            "busbw_gbps": c["busbw_gbps"],
+        }
+        for c in job["results"]["cases"]
+    ]
 
 
 def _page_derive(rows: list[dict[str, Any]], pool: list[dict[str, Any]]) -> None:
@@ -94,21 +104,36 @@ class CollectiveBenchmark(Benchmark):
     def page(cls) -> PageSpec:
         return PageSpec(
             case=("impl", "world_size", "op", "size_bytes"),
-            columns=("op", "size_bytes", "dtype", "ops_per_sample", "busbw_gbps", "nccl_tests_busbw_gbps", "ratio",
-                     "meets_target", "verified"),
+            columns=(
+                "op",
+                "size_bytes",
+                "dtype",
+                "ops_per_sample",
+                "busbw_gbps",
+                "nccl_tests_busbw_gbps",
+                "ratio",
+                "meets_target",
+                "verified",
+            ),
             rows=_page_rows,
             derive=_page_derive,
-            notes=("`busbw_gbps`: bus bandwidth as nccl-tests defines it (GB/s = 1e9 B/s), from the slowest "
-                   "rank's median time.",
-                   "`ratio`: busbw over nccl-tests' busbw for the same op and size, measured in the same run, "
-                   "timed the same way: `torch` against nccl-tests as it runs by default, `torch_graph` against "
-                   "nccl-tests with CUDA graphs (`-G 1`); `meets_target`: within ±5%."))
+            notes=(
+                "`busbw_gbps`: bus bandwidth as nccl-tests defines it (GB/s = 1e9 B/s), from the slowest "
+                "rank's median time.",
+                "`ratio`: busbw over nccl-tests' busbw for the same op and size, measured in the same run, "
+                "timed the same way: `torch` against nccl-tests as it runs by default, `torch_graph` against "
+                "nccl-tests with CUDA graphs (`-G 1`); `meets_target`: within ±5%.",
+            ),
+        )
 
     @classmethod
     def headline(cls, cfg: DictConfig) -> list[Headline]:
         at = format_bytes(message_sizes(cfg.benchmark)[-1])
-        return [Headline(f"{op}_{key}", f"{op} {label} @{at}") for op in cfg.benchmark.ops
-                for key, label in (("busbw_gbps", "busbw GB/s"), ("median_s", "median s"))]
+        return [
+            Headline(f"{op}_{key}", f"{op} {label} @{at}")
+            for op in cfg.benchmark.ops
+            for key, label in (("busbw_gbps", "busbw GB/s"), ("median_s", "median s"))
+        ]
 
     @classmethod
     def memory_bytes(cls, cfg: DictConfig, world_size: int) -> int:
@@ -146,11 +171,24 @@ class CollectiveBenchmark(Benchmark):
                 ceilings[key] = max(ceilings.get(key, 0.0), case["busbw_gbps"])
         if not series:
             return []
-        fig = line_plot(series, xlabel="message size S", ylabel="busbw (GB/s)", log2_x=True, bytes_x=True,
-                        ceiling=ceilings, width=7.5, height=4.2)
-        return [Plot("collective busbw vs message size", fig,
-                     "nccl-tests' bus bandwidth per op and world size; dotted: the fastest send/recv ring "
-                     "of that world size, the link ceiling")]
+        fig = line_plot(
+            series,
+            xlabel="message size S",
+            ylabel="busbw (GB/s)",
+            log2_x=True,
+            bytes_x=True,
+            ceiling=ceilings,
+            width=7.5,
+            height=4.2,
+        )
+        return [
+            Plot(
+                "collective busbw vs message size",
+                fig,
+                "nccl-tests' bus bandwidth per op and world size; dotted: the fastest send/recv ring "
+                "of that world size, the link ceiling",
+            )
+        ]
 
     def run(self) -> BenchmarkResult:
         from sweepbench.measure.collectives import OPS, Mismatch
@@ -160,8 +198,9 @@ class CollectiveBenchmark(Benchmark):
         grid = [(op, size) for op in ops for size in message_sizes(self.cfg)]
 
         def on_case(case: dict[str, Any]) -> None:
-            case_done(f"{case['op']} {format_bytes(case['size_bytes'])}: busbw {case['busbw_gbps']:.3g} GB/s",
-                      total=len(grid))
+            case_done(
+                f"{case['op']} {format_bytes(case['size_bytes'])}: busbw {case['busbw_gbps']:.3g} GB/s", total=len(grid)
+            )
 
         try:
             done = get_impl(self.cfg.impl).load()(self.ctx, self.cfg, grid, on_case)
@@ -174,5 +213,9 @@ class CollectiveBenchmark(Benchmark):
             for c in largest:
                 summary[f"{op}_busbw_gbps"] = c["busbw_gbps"]
                 summary[f"{op}_median_s"] = c["median_s"]
-        return BenchmarkResult(cases=cases, summary=summary, verified=True,
-                               extra={"skipped_ops": sorted(set(self.cfg.ops) - set(ops)), "sampling": done["sampling"]})
+        return BenchmarkResult(
+            cases=cases,
+            summary=summary,
+            verified=True,
+            extra={"skipped_ops": sorted(set(self.cfg.ops) - set(ops)), "sampling": done["sampling"]},
+        )

@@ -48,8 +48,12 @@ def _placements(cfg: DictConfig) -> tuple[dict[str, int], range, dict[str, int],
     if cfg.mode.name == "non_collocated":
         return train, range(t), infer, range(t, t + i)
     world = math.lcm(t, i)
-    return ({**train, "dp": train["dp"] * world // t}, range(world),
-            {**infer, "dp": infer["dp"] * world // i}, range(world))
+    return (
+        {**train, "dp": train["dp"] * world // t},
+        range(world),
+        {**infer, "dp": infer["dp"] * world // i},
+        range(world),
+    )
 
 
 def _layouts(cfg: DictConfig) -> tuple[Layout, Layout]:
@@ -67,10 +71,23 @@ def _probe_bytes(b: Any, *, gpu: bool) -> int:
 def _page_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
     cfg, (c, *_) = job["config"], job["results"]["cases"]
     b = cfg["benchmark"]
-    return [{"impl": b.get("impl", "sweepbench"), "strategy": b["strategy"], "world_size": job["world_size"],
-             "model": cfg["model"]["name"], "src": cfg["parallelism"]["name"], "dst": b["inference"],
-             "mode": cfg["mode"]["name"], "backend": job["backend"], "variant": "", "iters": c["iters"],
-             "median_ms": c["median_s"] * 1e3, "iqr_ms": c["iqr_s"] * 1e3, "floor_ms": c["link_floor_s"] * 1e3}]
+    return [
+        {
+            "impl": b.get("impl", "sweepbench"),
+            "strategy": b["strategy"],
+            "world_size": job["world_size"],
+            "model": cfg["model"]["name"],
+            "src": cfg["parallelism"]["name"],
+            "dst": b["inference"],
+            "mode": cfg["mode"]["name"],
+            "backend": job["backend"],
+            "variant": "",
+            "iters": c["iters"],
+            "median_ms": c["median_s"] * 1e3,
+            "iqr_ms": c["iqr_s"] * 1e3,
+            "floor_ms": c["link_floor_s"] * 1e3,
+        }
+    ]
 
 
 def _page_derive(rows: list[dict[str, Any]], pool: list[dict[str, Any]]) -> None:
@@ -94,20 +111,38 @@ class RefitBenchmark(Benchmark):
     def page(cls) -> PageSpec:
         return PageSpec(
             case=("impl", "strategy", "model", "src", "dst", "mode", "backend", "variant"),
-            columns=("strategy", "model", "src", "dst", "mode", "backend", "variant", "floor_ms", "ratio_to_floor",
-                     "meets_target", "verified"),
+            columns=(
+                "strategy",
+                "model",
+                "src",
+                "dst",
+                "mode",
+                "backend",
+                "variant",
+                "floor_ms",
+                "ratio_to_floor",
+                "meets_target",
+                "verified",
+            ),
             rows=_page_rows,
             derive=_page_derive,
-            notes=("`floor_ms`: the link floor, the busiest rank's bytes over the link's measured bandwidth; "
-                   "`ratio_to_floor` = median / floor; `meets_target`: within 1.2× of the floor.",
-                   "`impl`: `sweepbench` (ours) or `megatron` (megatron-core's refit as a peer); megatron-core "
-                   "runs its own copy service whatever `strategy` says, so its rows repeat one measurement."))
+            notes=(
+                "`floor_ms`: the link floor, the busiest rank's bytes over the link's measured bandwidth; "
+                "`ratio_to_floor` = median / floor; `meets_target`: within 1.2× of the floor.",
+                "`impl`: `sweepbench` (ours) or `megatron` (megatron-core's refit as a peer); megatron-core "
+                "runs its own copy service whatever `strategy` says, so its rows repeat one measurement.",
+            ),
+        )
 
     @classmethod
     def headline(cls, cfg: DictConfig) -> list[Headline]:
-        return [Headline("refit_median_s", "refit median s"), Headline("refit_iqr_s", "IQR s"),
-                Headline("refit_link_floor_s", "link floor s"), Headline("fraction_of_link", "floor/time"),
-                Headline("effective_gbps", "effective GB/s")]
+        return [
+            Headline("refit_median_s", "refit median s"),
+            Headline("refit_iqr_s", "IQR s"),
+            Headline("refit_link_floor_s", "link floor s"),
+            Headline("fraction_of_link", "floor/time"),
+            Headline("effective_gbps", "effective GB/s"),
+        ]
 
     @classmethod
     def memory_bytes(cls, cfg: DictConfig, world_size: int) -> int:
@@ -129,19 +164,27 @@ class RefitBenchmark(Benchmark):
         floors: dict[str, float] = {}
         notes: dict[str, str] = {}
         for job, case in ok_cases(jobs):
-            label = (f"{config_value(job, 'parallelism.name')}->{config_value(job, 'benchmark.inference')} "
-                     f"{case.get('impl', 'sweepbench')}:{case['strategy']} {config_value(job, 'mode.name')}")
+            label = (
+                f"{config_value(job, 'parallelism.name')}->{config_value(job, 'benchmark.inference')} "
+                f"{case.get('impl', 'sweepbench')}:{case['strategy']} {config_value(job, 'mode.name')}"
+            )
             times[label] = case["median_s"] * 1e3
             if 0 < case["link_floor_s"] < float("inf"):
                 floors[label] = case["link_floor_s"] * 1e3
                 notes[label] = f"{case['fraction_of_link']:.2f} of link"
         if not times:
             return []
-        fig = bar_plot(times, ylabel="refit median (ms)", floor=floors, annotations=notes,
-                       width=max(6.4, 0.8 * len(times)))
-        return [Plot("refit time per layout and strategy", fig,
-                     "median refit time; black line: the link floor (the busiest rank's bytes / the faster "
-                     "of the measured NCCL p2p and copy-engine bandwidths); note: fraction_of_link = floor / time")]
+        fig = bar_plot(
+            times, ylabel="refit median (ms)", floor=floors, annotations=notes, width=max(6.4, 0.8 * len(times))
+        )
+        return [
+            Plot(
+                "refit time per layout and strategy",
+                fig,
+                "median refit time; black line: the link floor (the busiest rank's bytes / the faster "
+                "of the measured NCCL p2p and copy-engine bandwidths); note: fraction_of_link = floor / time",
+            )
+        ]
 
     @classmethod
     def validate(cls, cfg: DictConfig) -> None:
@@ -166,28 +209,55 @@ class RefitBenchmark(Benchmark):
         floor_plan = make_plan(src, dst, balance=cfg.balance)  # what must cross a link, strategy aside
         probe_bytes = _probe_bytes(cfg, gpu=ctx.device.type == "cuda")
         link = probe_links(nbytes=probe_bytes, device=ctx.device)
-        case_done("one rank: no link to probe" if link["link_gbps"] is None
-                  else f"link probed: {link['link_gbps']:.3g} GB/s", total=2)
+        case_done(
+            "one rank: no link to probe" if link["link_gbps"] is None else f"link probed: {link['link_gbps']:.3g} GB/s",
+            total=2,
+        )
         run = time_transfer(src, dst, ctx=ctx, cfg=cfg, strategy=strategy, label="refit", impl=cfg.impl)
         case_done(f"refit {cfg.impl}/{strategy} verified and timed", total=2)
         stats = summarize(run.times_s)
-        busiest = max(max(floor_plan.send_bytes.get(r, 0), floor_plan.recv_bytes.get(r, 0))
-                      for r in range(ctx.world_size))
+        busiest = max(
+            max(floor_plan.send_bytes.get(r, 0), floor_plan.recv_bytes.get(r, 0)) for r in range(ctx.world_size)
+        )
         floor_s = busiest / (link["link_gbps"] * 1e9) if busiest else 0.0  # the faster of NCCL p2p and copy engines
         case = {
-            "impl": cfg.impl, "strategy": strategy, "method": run.method, "balance": cfg.balance,
+            "impl": cfg.impl,
+            "strategy": strategy,
+            "method": run.method,
+            "balance": cfg.balance,
             "local_allgather": cfg.local_allgather,
-            "train_layout": src.describe(), "inference_layout": dst.describe(),
-            "times_s": run.times_s, **stats, "warmup": cfg.warmup, "iters": cfg.iters,
-            "model_bytes": floor_plan.model_bytes, "moved_bytes": floor_plan.moved_bytes,
-            "local_bytes": floor_plan.local_bytes, "busiest_rank_bytes": busiest,
+            "train_layout": src.describe(),
+            "inference_layout": dst.describe(),
+            "times_s": run.times_s,
+            **stats,
+            "warmup": cfg.warmup,
+            "iters": cfg.iters,
+            "model_bytes": floor_plan.model_bytes,
+            "moved_bytes": floor_plan.moved_bytes,
+            "local_bytes": floor_plan.local_bytes,
+            "busiest_rank_bytes": busiest,
             "wire_bytes": sum(s for s, _ in run.traffic),
             "wire_busiest_rank_bytes": max(max(s, r) for s, r in run.traffic),
-            "effective_gbps": busiest / stats["median_s"] / 1e9, **link,
-            "link_floor_s": floor_s, "fraction_of_link": floor_s / stats["median_s"],
+            "effective_gbps": busiest / stats["median_s"] / 1e9,
+            **link,
+            "link_floor_s": floor_s,
+            "fraction_of_link": floor_s / stats["median_s"],
             "plan_digest": run.plan_digest,
         }
-        summary = {k: case[k] for k in ("median_s", "iqr_s", "min_s", "max_s", "model_bytes", "moved_bytes",
-                                         "local_bytes", "effective_gbps", "link_floor_s", "fraction_of_link")}
+        summary = {
+            k: case[k]
+            for k in (
+                "median_s",
+                "iqr_s",
+                "min_s",
+                "max_s",
+                "model_bytes",
+                "moved_bytes",
+                "local_bytes",
+                "effective_gbps",
+                "link_floor_s",
+                "fraction_of_link",
+            )
+        }
         summary = {f"refit_{k}" if k.endswith("_s") else k: v for k, v in summary.items()}
         return BenchmarkResult(cases=[case], summary=summary, verified=run.verified)

@@ -49,12 +49,24 @@ class ReshardConfig(TransferConfig):
 
 
 def _page_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"impl": c["strategy"], "strategy": c["strategy"], "world_size": job["world_size"], "suite": c["suite"],
-             "case": c["case"],
-             "variant": f"local_allgather balance={c['balance']}" if c.get("local_allgather") else "",
-             "size_bytes": c["tensor_bytes"], "iters": c["iters"], "median_ms": c["median_s"] * 1e3,
-             "iqr_ms": c["iqr_s"] * 1e3, "floor_ms": c["link_floor_s"] * 1e3, "effective_gbps": c["effective_gbps"],
-             "fraction_of_link": c["fraction_of_link"]} for c in job["results"]["cases"]]
+    return [
+        {
+            "impl": c["strategy"],
+            "strategy": c["strategy"],
+            "world_size": job["world_size"],
+            "suite": c["suite"],
+            "case": c["case"],
+            "variant": f"local_allgather balance={c['balance']}" if c.get("local_allgather") else "",
+            "size_bytes": c["tensor_bytes"],
+            "iters": c["iters"],
+            "median_ms": c["median_s"] * 1e3,
+            "iqr_ms": c["iqr_s"] * 1e3,
+            "floor_ms": c["link_floor_s"] * 1e3,
+            "effective_gbps": c["effective_gbps"],
+            "fraction_of_link": c["fraction_of_link"],
+        }
+        for c in job["results"]["cases"]
+    ]
 
 
 def _page_derive(rows: list[dict[str, Any]], pool: list[dict[str, Any]]) -> None:
@@ -73,20 +85,34 @@ class ReshardBenchmark(Benchmark):
     def page(cls) -> PageSpec:
         return PageSpec(
             case=("impl", "world_size", "suite", "case", "variant", "size_bytes"),
-            columns=("suite", "case", "variant", "size_bytes", "floor_ms", "ratio_to_floor", "effective_gbps",
-                     "fraction_of_link", "verified"),
+            columns=(
+                "suite",
+                "case",
+                "variant",
+                "size_bytes",
+                "floor_ms",
+                "ratio_to_floor",
+                "effective_gbps",
+                "fraction_of_link",
+                "verified",
+            ),
             rows=_page_rows,
             derive=_page_derive,
-            notes=("`case`: source mesh and placement to destination mesh and placement (S0 = sharded on dim 0, "
-                   "R = replicated); `ratio_to_floor` = median / link floor.",))
+            notes=(
+                "`case`: source mesh and placement to destination mesh and placement (S0 = sharded on dim 0, "
+                "R = replicated); `ratio_to_floor` = median / link floor.",
+            ),
+        )
 
     @classmethod
     def headline(cls, cfg: DictConfig) -> list[Headline]:
         """The suite's largest non-trivial case (the 1-to-1 copy says little about a strategy)."""
         cases = [rc for rc in suite_cases(cfg.benchmark) if rc.case.world > 2] or suite_cases(cfg.benchmark)
         name = max(cases, key=lambda rc: (rc.case.world, rc.name)).name
-        return [Headline(f"{name}_{k}", f"{name} {label}") for k, label in
-                (("median_s", "median s"), ("effective_gbps", "GB/s"), ("fraction_of_link", "floor/time"))]
+        return [
+            Headline(f"{name}_{k}", f"{name} {label}")
+            for k, label in (("median_s", "median s"), ("effective_gbps", "GB/s"), ("fraction_of_link", "floor/time"))
+        ]
 
     @classmethod
     def memory_bytes(cls, cfg: DictConfig, world_size: int) -> int:
@@ -105,20 +131,37 @@ class ReshardBenchmark(Benchmark):
             name = f"{config_value(job, 'benchmark.suite')} {config_value(job, 'benchmark.strategy')}"
             cases = job["results"]["cases"]
             rate = {c["case"]: c["effective_gbps"] for c in cases}
-            floor = {c["case"]: c["busiest_rank_bytes"] / c["link_floor_s"] / 1e9 for c in cases
-                     if 0 < c["link_floor_s"] < float("inf")}
+            floor = {
+                c["case"]: c["busiest_rank_bytes"] / c["link_floor_s"] / 1e9
+                for c in cases
+                if 0 < c["link_floor_s"] < float("inf")
+            }
             fractions[name] = {c["case"]: c["fraction_of_link"] for c in cases}
-            fig = bar_plot(rate, ylabel="effective GB/s", floor=floor, floor_label="floor's bandwidth",
-                           annotations={c["case"]: f"{c['fraction_of_link']:.2f}" for c in cases},
-                           width=max(6.4, 0.7 * len(rate)))
-            plots.append(Plot(f"reshard {name}: bandwidth per case", fig,
-                              "the busiest rank's bytes / median time; black line: the same bytes over the "
-                              "link floor's time; note: fraction_of_link"))
+            fig = bar_plot(
+                rate,
+                ylabel="effective GB/s",
+                floor=floor,
+                floor_label="floor's bandwidth",
+                annotations={c["case"]: f"{c['fraction_of_link']:.2f}" for c in cases},
+                width=max(6.4, 0.7 * len(rate)),
+            )
+            plots.append(
+                Plot(
+                    f"reshard {name}: bandwidth per case",
+                    fig,
+                    "the busiest rank's bytes / median time; black line: the same bytes over the "
+                    "link floor's time; note: fraction_of_link",
+                )
+            )
         if len(fractions) > 1:
             cases = list(dict.fromkeys(c for f in fractions.values() for c in f))
             grid = [[fractions[j].get(c) for j in fractions] for c in cases]
-            plots.append(Plot("reshard fraction_of_link per case and job",
-                              heatmap(grid, rows=cases, cols=list(fractions), cbar_label="floor / time")))
+            plots.append(
+                Plot(
+                    "reshard fraction_of_link per case and job",
+                    heatmap(grid, rows=cases, cols=list(fractions), cbar_label="floor / time"),
+                )
+            )
         return plots
 
     @classmethod
@@ -151,8 +194,12 @@ class ReshardBenchmark(Benchmark):
         summary: dict[str, float] = {"p2p_gbps": link["p2p_gbps"], "broadcast_gbps": link["broadcast_gbps"]}
         for case in cases:
             summary.update({f"{case['case']}_{k}": case[k] for k in SUMMARY_KEYS})
-        return BenchmarkResult(cases=cases, summary=summary, verified=all(c["verified"] for c in cases),
-                               extra={"suite": cfg.suite, "strategy": strategy})
+        return BenchmarkResult(
+            cases=cases,
+            summary=summary,
+            verified=all(c["verified"] for c in cases),
+            extra={"suite": cfg.suite, "strategy": strategy},
+        )
 
     def _case(self, rc: ResolvedCase, strategy: str, link: dict[str, float]) -> dict[str, Any]:
         from sweepbench.measure import summarize
@@ -167,22 +214,42 @@ class ReshardBenchmark(Benchmark):
         tensor_bytes = src.params[0].nbytes
         c = rc.case
         case = {
-            "case": rc.name, "suite": cfg.suite, "src_mesh": mesh_str(c.src_mesh), "src_spec": c.src_spec,
-            "dst_mesh": mesh_str(c.dst_mesh), "dst_spec": c.dst_spec, "src_ranks": list(c.src_ranks),
-            "dst_ranks": list(c.dst_ranks), "shape": list(rc.shape), "dtype": cfg.dtype,
-            "strategy": strategy, "balance": cfg.balance,
+            "case": rc.name,
+            "suite": cfg.suite,
+            "src_mesh": mesh_str(c.src_mesh),
+            "src_spec": c.src_spec,
+            "dst_mesh": mesh_str(c.dst_mesh),
+            "dst_spec": c.dst_spec,
+            "src_ranks": list(c.src_ranks),
+            "dst_ranks": list(c.dst_ranks),
+            "shape": list(rc.shape),
+            "dtype": cfg.dtype,
+            "strategy": strategy,
+            "balance": cfg.balance,
             "local_allgather": bool(cfg.local_allgather) and "local_allgather" in options,
-            "times_s": times, **stats, "warmup": cfg.warmup, "iters": cfg.iters,
-            "tensor_bytes": tensor_bytes, "moved_bytes": floor.moved_bytes,
-            "busiest_rank_bytes": floor.busiest_rank_bytes, "fanout_recv_bytes": floor.fanout_recv_bytes,
+            "times_s": times,
+            **stats,
+            "warmup": cfg.warmup,
+            "iters": cfg.iters,
+            "tensor_bytes": tensor_bytes,
+            "moved_bytes": floor.moved_bytes,
+            "busiest_rank_bytes": floor.busiest_rank_bytes,
+            "fanout_recv_bytes": floor.fanout_recv_bytes,
             "wire_bytes": sum(s for s, _ in run.traffic),
             "wire_busiest_rank_bytes": max(max(s, r) for s, r in run.traffic),
-            "effective_gbps": floor.busiest_rank_bytes / stats["median_s"] / 1e9, **link,
-            "link_floor_s": floor_s, "floor_bound": bound, "fraction_of_link": floor_s / stats["median_s"],
-            "routes": len(plan.routes), "plan_digest": plan.digest,
+            "effective_gbps": floor.busiest_rank_bytes / stats["median_s"] / 1e9,
+            **link,
+            "link_floor_s": floor_s,
+            "floor_bound": bound,
+            "fraction_of_link": floor_s / stats["median_s"],
+            "routes": len(plan.routes),
+            "plan_digest": plan.digest,
             "verified": run.verified,
         }
         if ctx.rank == 0:
-            print(f"reshard {rc.name} {list(rc.shape)} {strategy}: median {stats['median_s']:.6f} s, "
-                  f"{case['effective_gbps']:.3f} GB/s, {case['fraction_of_link']:.3f} of the link", flush=True)
+            print(
+                f"reshard {rc.name} {list(rc.shape)} {strategy}: median {stats['median_s']:.6f} s, "
+                f"{case['effective_gbps']:.3f} GB/s, {case['fraction_of_link']:.3f} of the link",
+                flush=True,
+            )
         return case

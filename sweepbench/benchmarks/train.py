@@ -66,11 +66,13 @@ def _max(per_rank: list[dict[str, Any]], key: str) -> Any:
 
 
 # MFU targets (%), by (model, layout, seq_len, ac, precision, compile); None: any value of that field
-MFU_TARGETS = {("llama3_1b", "tp1", 8192, "none", "bf16", False): 50.0,
-               ("llama3_1b", "tp1", 8192, "none", "bf16", True): 55.0,
-               ("llama3_1b", "tp1", 8192, "none", "mixed", False): 46.0,
-               ("llama3_1b", "tp1", 8192, "none", "mixed", True): 53.0,
-               ("llama3_8b", "dp2", 8192, None, None, None): 50.0}
+MFU_TARGETS = {
+    ("llama3_1b", "tp1", 8192, "none", "bf16", False): 50.0,
+    ("llama3_1b", "tp1", 8192, "none", "bf16", True): 55.0,
+    ("llama3_1b", "tp1", 8192, "none", "mixed", False): 46.0,
+    ("llama3_1b", "tp1", 8192, "none", "mixed", True): 53.0,
+    ("llama3_8b", "dp2", 8192, None, None, None): 50.0,
+}
 
 
 def _page_derive(rows: list[dict[str, Any]], pool: list[dict[str, Any]]) -> None:
@@ -108,13 +110,28 @@ def _page_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
     cfg, (c, *_) = job["config"], job["results"]["cases"]
     s = job["results"]["summary"]
     impl = s.get("impl", "ours")  # ours is "sweepbench" on the pages, as in every benchmark's
-    return [{"impl": "sweepbench" if impl == "ours" else impl, "world_size": job["world_size"],
-             "model": cfg["model"]["name"], "layout": c["layout"], "variant": _variant(s, pp=int(cfg["parallelism"]["pp"])),
-             "dp_shard": s["dp_shard"], "seq_len": c["seq_len"], "ac": s["ac"],
-             "compile": s["compile"], "precision": c["precision"], "lora_rank": s["lora_rank"], "iters": c["iters"],
-             "median_ms": c["median_s"] * 1e3, "iqr_ms": c["iqr_s"] * 1e3,
-             "tokens_per_s_per_gpu": s["tokens_per_s_per_gpu"], "mfu_pct": c["mfu_pct"],
-             "peak_allocated_gib": s.get("mem_torch_peak_allocated_gib"), "nvml_peak_gib": s.get("mem_nvml_peak_gib")}]
+    return [
+        {
+            "impl": "sweepbench" if impl == "ours" else impl,
+            "world_size": job["world_size"],
+            "model": cfg["model"]["name"],
+            "layout": c["layout"],
+            "variant": _variant(s, pp=int(cfg["parallelism"]["pp"])),
+            "dp_shard": s["dp_shard"],
+            "seq_len": c["seq_len"],
+            "ac": s["ac"],
+            "compile": s["compile"],
+            "precision": c["precision"],
+            "lora_rank": s["lora_rank"],
+            "iters": c["iters"],
+            "median_ms": c["median_s"] * 1e3,
+            "iqr_ms": c["iqr_s"] * 1e3,
+            "tokens_per_s_per_gpu": s["tokens_per_s_per_gpu"],
+            "mfu_pct": c["mfu_pct"],
+            "peak_allocated_gib": s.get("mem_torch_peak_allocated_gib"),
+            "nvml_peak_gib": s.get("mem_nvml_peak_gib"),
+        }
+    ]
 
 
 @register("train")
@@ -141,9 +158,11 @@ class TrainBenchmark(Benchmark):
         if cfg.benchmark.compile and plan.tp > 1 and device == "cpu":
             # torch 2.13 on CPU: a DTensor redistribute's backward gets a plain tensor from a
             # compiled block ('Tensor' object has no attribute '_local_tensor')
-            raise NotOnThisMachine(f"benchmark.compile=true with parallelism.tp={plan.tp} fails on a CPU (torch "
-                             f"{_torch_version()}: DTensor backward through a compiled block); use compile=false "
-                             f"with tp on a CPU, or compile with dp/pp/cp layouts")
+            raise NotOnThisMachine(
+                f"benchmark.compile=true with parallelism.tp={plan.tp} fails on a CPU (torch "
+                f"{_torch_version()}: DTensor backward through a compiled block); use compile=false "
+                f"with tp on a CPU, or compile with dp/pp/cp layouts"
+            )
 
     @classmethod
     def world_size(cls, cfg: DictConfig) -> int:
@@ -163,31 +182,61 @@ class TrainBenchmark(Benchmark):
     @classmethod
     def page(cls) -> PageSpec:
         return PageSpec(
-            case=("impl", "model", "layout", "variant", "dp_shard", "seq_len", "ac", "compile", "precision",
-                  "lora_rank"),
-            columns=("model", "layout", "variant", "dp_shard", "seq_len", "ac", "compile", "precision", "lora_rank",
-                     "tokens_per_s_per_gpu", "mfu_pct", "peak_allocated_gib", "nvml_peak_gib", "mfu_target",
-                     "meets_target", "verified"),
+            case=(
+                "impl",
+                "model",
+                "layout",
+                "variant",
+                "dp_shard",
+                "seq_len",
+                "ac",
+                "compile",
+                "precision",
+                "lora_rank",
+            ),
+            columns=(
+                "model",
+                "layout",
+                "variant",
+                "dp_shard",
+                "seq_len",
+                "ac",
+                "compile",
+                "precision",
+                "lora_rank",
+                "tokens_per_s_per_gpu",
+                "mfu_pct",
+                "peak_allocated_gib",
+                "nvml_peak_gib",
+                "mfu_target",
+                "meets_target",
+                "verified",
+            ),
             rows=_page_rows,
             derive=_page_derive,
-            notes=("`median_ms`: one optimizer step; `mfu_pct` by torchtitan's formula, 6·(N − N_embedding) + "
-                   "6·L·H·2·d_head·S FLOPs per token, against the GPU's dense bf16 peak.",
-                   "Memory two ways, the most of any rank: `peak_allocated_gib`, torch's allocator peak; "
-                   "`nvml_peak_gib`, the device's used memory as NVML reports it, sampled apart from the step "
-                   "(empty where the run did not record it).",
-                   "`mfu_target`: llama3_1b on one GPU at 8192 tokens, no activation checkpointing: 50% eager and "
-                   "55% compiled with bf16 weights, 46% and 53% with fp32 master weights (mixed); llama3_8b dp2 at "
-                   "8192 tokens: 50%."))
+            notes=(
+                "`median_ms`: one optimizer step; `mfu_pct` by torchtitan's formula, 6·(N − N_embedding) + "
+                "6·L·H·2·d_head·S FLOPs per token, against the GPU's dense bf16 peak.",
+                "Memory two ways, the most of any rank: `peak_allocated_gib`, torch's allocator peak; "
+                "`nvml_peak_gib`, the device's used memory as NVML reports it, sampled apart from the step "
+                "(empty where the run did not record it).",
+                "`mfu_target`: llama3_1b on one GPU at 8192 tokens, no activation checkpointing: 50% eager and "
+                "55% compiled with bf16 weights, 46% and 53% with fp32 master weights (mixed); llama3_8b dp2 at "
+                "8192 tokens: 50%.",
+            ),
+        )
 
     @classmethod
     def headline(cls, cfg: DictConfig) -> list[Headline]:
         b = cfg.benchmark
         at = f"@seq {b.seq_len}"
-        return [Headline("tokens_per_s_per_gpu", f"tokens/s per GPU {at}"),
-                Headline("mfu_pct", f"MFU % {at}"),
-                Headline("step_median_s", "step median s"),
-                Headline("mem_torch_peak_reserved_gib", "peak reserved GiB (torch)"),
-                Headline("mem_nvml_peak_gib", "peak used GiB (NVML)")]
+        return [
+            Headline("tokens_per_s_per_gpu", f"tokens/s per GPU {at}"),
+            Headline("mfu_pct", f"MFU % {at}"),
+            Headline("step_median_s", "step median s"),
+            Headline("mem_torch_peak_reserved_gib", "peak reserved GiB (torch)"),
+            Headline("mem_nvml_peak_gib", "peak used GiB (NVML)"),
+        ]
 
     def run(self) -> BenchmarkResult:
         import torch.distributed as dist
@@ -203,50 +252,89 @@ class TrainBenchmark(Benchmark):
         mfu = r["achieved_flops"] / (r["peak_flops"] if on_peak else r["ceiling_flops"])
         b = self.cfg
         summary = {  # the recipe first (results.csv columns), then the rates, then memory
-            "seq_len": plan.seq_len, "global_batch": plan.global_batch, "micro_batch": plan.micro_batch,
-            "grad_accum": plan.num_micro, "precision": plan.precision, "ac": b.ac, "compile": b.compile,
-            "dp_shard": b.dp_shard, "lora_rank": b.lora_rank, "verify_layers": r["verify_layers"],
+            "seq_len": plan.seq_len,
+            "global_batch": plan.global_batch,
+            "micro_batch": plan.micro_batch,
+            "grad_accum": plan.num_micro,
+            "precision": plan.precision,
+            "ac": b.ac,
+            "compile": b.compile,
+            "dp_shard": b.dp_shard,
+            "lora_rank": b.lora_rank,
+            "verify_layers": r["verify_layers"],
             **{k: r["recipe"][k] for k in ("impl", "quant", "fused", "padding_free", "documents")},
-            "tp_sp": b.tp_sp if plan.tp > 1 else None, "async_tp": b.async_tp if plan.tp > 1 else None,
+            "tp_sp": b.tp_sp if plan.tp > 1 else None,
+            "async_tp": b.async_tp if plan.tp > 1 else None,
             "fp8_recipe": b.fp8_recipe if plan.precision == "fp8" else None,
             "pp_schedule": b.pp_schedule if plan.pp > 1 else None,
             "pp_bubble": r["pp_bubble"]["analytic"] if plan.pp > 1 else None,
             "pp_bubble_schedule": r["pp_bubble"]["schedule"],
-            "tokens_per_s": r["tokens_per_s"], "tokens_per_s_per_gpu": r["tokens_per_s"] / ctx.world_size,
-            "mfu_pct": 100 * mfu, "fraction_of_ceiling": r["achieved_flops"] / r["ceiling_flops"],
-            "achieved_tflops_per_gpu": r["achieved_flops"] / 1e12, "ceiling_tflops": r["ceiling_flops"] / 1e12,
+            "tokens_per_s": r["tokens_per_s"],
+            "tokens_per_s_per_gpu": r["tokens_per_s"] / ctx.world_size,
+            "mfu_pct": 100 * mfu,
+            "fraction_of_ceiling": r["achieved_flops"] / r["ceiling_flops"],
+            "achieved_tflops_per_gpu": r["achieved_flops"] / 1e12,
+            "ceiling_tflops": r["ceiling_flops"] / 1e12,
             "peak_tflops": r["peak_flops"] / 1e12 if on_peak else None,
-            "step_median_s": stats["median_s"], "step_iqr_s": stats["iqr_s"],
-            "step_min_s": stats["min_s"], "step_max_s": stats["max_s"],
-            "loss_first": r["first_loss"], "loss_last": r["last_loss"],
+            "step_median_s": stats["median_s"],
+            "step_iqr_s": stats["iqr_s"],
+            "step_min_s": stats["min_s"],
+            "step_max_s": stats["max_s"],
+            "loss_first": r["first_loss"],
+            "loss_last": r["last_loss"],
             "mem_torch_peak_active_gib": _gib(_max(per_rank, "peak_active_bytes")),
             "mem_torch_peak_allocated_gib": _gib(_max(per_rank, "peak_allocated_bytes")),
             "mem_torch_peak_reserved_gib": _gib(_max(per_rank, "peak_reserved_bytes")),
             "mem_nvml_peak_gib": _gib(_max(per_rank, "nvml_peak_bytes")),
-            "mem_alloc_retries": _max(per_rank, "alloc_retries"), "mem_ooms": _max(per_rank, "ooms"),
+            "mem_alloc_retries": _max(per_rank, "alloc_retries"),
+            "mem_ooms": _max(per_rank, "ooms"),
             "mem_host_peak_rss_gib": _gib(_max(per_rank, "host_peak_rss_bytes")),
         }
-        case = {"layout": ctx.cfg.parallelism.name, "times_s": r["times_s"], **stats,
-                "warmup": self.cfg.warmup, "iters": self.cfg.iters, "loss_per_step": r["losses"],
-                "tokens_per_step": plan.tokens_per_step, "global_batch": plan.global_batch,
-                "micro_batch": plan.micro_batch, "grad_accum": plan.num_micro, "seq_len": plan.seq_len,
-                "precision": plan.precision, "tokens_per_s": r["tokens_per_s"], "mfu_pct": 100 * mfu}
+        case = {
+            "layout": ctx.cfg.parallelism.name,
+            "times_s": r["times_s"],
+            **stats,
+            "warmup": self.cfg.warmup,
+            "iters": self.cfg.iters,
+            "loss_per_step": r["losses"],
+            "tokens_per_step": plan.tokens_per_step,
+            "global_batch": plan.global_batch,
+            "micro_batch": plan.micro_batch,
+            "grad_accum": plan.num_micro,
+            "seq_len": plan.seq_len,
+            "precision": plan.precision,
+            "tokens_per_s": r["tokens_per_s"],
+            "mfu_pct": 100 * mfu,
+        }
         peak_kind = "fp8" if plan.precision == "fp8" else "bf16"
-        basis = (f"{peak_kind} dense peak of {r['device_name']} ({r['peak_flops'] / 1e12:.0f} TFLOP/s, table)"
-                 if on_peak
-                 else f"no peak is tabled for {r['device_name']}: MFU is taken against the matmul ceiling "
-                      f"measured in this job ({r['ceiling_flops'] / 1e12:.3g} TFLOP/s)")
+        basis = (
+            f"{peak_kind} dense peak of {r['device_name']} ({r['peak_flops'] / 1e12:.0f} TFLOP/s, table)"
+            if on_peak
+            else f"no peak is tabled for {r['device_name']}: MFU is taken against the matmul ceiling "
+            f"measured in this job ({r['ceiling_flops'] / 1e12:.3g} TFLOP/s)"
+        )
         extra = {
-            "precision": plan.precision, "mfu_basis": basis, "flops_per_token": r["flops_per_token"],
+            "precision": plan.precision,
+            "mfu_basis": basis,
+            "flops_per_token": r["flops_per_token"],
             "mfu_formula": "6*(N - N_embedding) + 6*L*H*2*d_head*S FLOPs/token (LoRA: frozen weights 4)",
-            "num_params": r["shape"].num_params(lora_rank=self.cfg.lora_rank), "num_trainable": r["num_trainable"],
+            "num_params": r["shape"].num_params(lora_rank=self.cfg.lora_rank),
+            "num_trainable": r["num_trainable"],
             "verification": {
-                "steps": len(r["reference_losses"]), "reference_losses": r["reference_losses"],
-                "layout_losses": r["verified_losses"], "max_rel_err": r["verify_max_rel_err"],
-                "layers": r["verify_layers"], "reduced_depth": r["verify_layers"] != r["shape"].num_layers,
+                "steps": len(r["reference_losses"]),
+                "reference_losses": r["reference_losses"],
+                "layout_losses": r["verified_losses"],
+                "max_rel_err": r["verify_max_rel_err"],
+                "layers": r["verify_layers"],
+                "reduced_depth": r["verify_layers"] != r["shape"].num_layers,
                 "note": _verify_note(r["verify_layers"], r["shape"].num_layers, forced=bool(self.cfg.verify_layers)),
-                "loss_first": r["first_loss"], "loss_last": r["last_loss"]},
-            "memory_per_rank": per_rank, "files": r["files"], "context_parallel": r["cp"], "recipe": r["recipe"],
+                "loss_first": r["first_loss"],
+                "loss_last": r["last_loss"],
+            },
+            "memory_per_rank": per_rank,
+            "files": r["files"],
+            "context_parallel": r["cp"],
+            "recipe": r["recipe"],
         }
         return BenchmarkResult(cases=[case], summary=summary, verified=True, extra=extra)
 
@@ -273,5 +361,7 @@ def _verify_note(layers: int, full: int, *, forced: bool) -> str:
     if layers == full:
         return "verified at full depth against the single-device reference"
     why = "benchmark.verify_layers asks for it" if forced else "the full model does not fit one device"
-    return (f"{why}: the layout was verified at reduced depth ({layers} of {full} layers, same widths) against "
-            f"its single-device reference, then the full model was timed from its first step")
+    return (
+        f"{why}: the layout was verified at reduced depth ({layers} of {full} layers, same widths) against "
+        f"its single-device reference, then the full model was timed from its first step"
+    )

@@ -30,8 +30,9 @@ def _nvml_gpus() -> tuple[int, ...]:
         return ()
     try:
         count = pynvml.nvmlDeviceGetCount()
-        return tuple(int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total)
-                     for i in range(count))
+        return tuple(
+            int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total) for i in range(count)
+        )
     except Exception:
         return ()
     finally:
@@ -75,8 +76,7 @@ def device_type(cfg: DictConfig) -> str:
 def _check_positive(cfg: DictConfig) -> None:
     groups = {
         "parallelism": ("tp", "pp", "ep", "dp", "cp"),
-        "model": ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
-                  "vocab_size", "seq_len"),
+        "model": ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "seq_len"),
         "benchmark": ("iters",),
     }
     for group, keys in groups.items():
@@ -89,8 +89,10 @@ def _check_positive(cfg: DictConfig) -> None:
     if not math.isfinite(cfg.launch.timeout_s) or cfg.launch.timeout_s <= 0:
         raise ValueError(f"launch.timeout_s={cfg.launch.timeout_s} must be a finite number of seconds > 0")
     if cfg.launch.timeout_s > MAX_TIMEOUT_S:  # process groups take it in milliseconds, as a C int
-        raise ValueError(f"launch.timeout_s={cfg.launch.timeout_s:g} is more than {MAX_TIMEOUT_S} s (a week), "
-                         f"the longest a job may take; use 1..{MAX_TIMEOUT_S}")
+        raise ValueError(
+            f"launch.timeout_s={cfg.launch.timeout_s:g} is more than {MAX_TIMEOUT_S} s (a week), "
+            f"the longest a job may take; use 1..{MAX_TIMEOUT_S}"
+        )
 
 
 MAX_TIMEOUT_S = 7 * 24 * 3600
@@ -102,16 +104,20 @@ def check_repeats(repeats: int) -> None:
     if repeats < 1:
         raise ValueError(f"sweep.repeats={repeats} must be >= 1 (how many times each job runs)")
     if repeats > MAX_REPEATS:
-        raise ValueError(f"sweep.repeats={repeats} is more than {MAX_REPEATS} rounds (how many times each job "
-                         f"runs, each a fresh launch of every job); use 1..{MAX_REPEATS}")
+        raise ValueError(
+            f"sweep.repeats={repeats} is more than {MAX_REPEATS} rounds (how many times each job "
+            f"runs, each a fresh launch of every job); use 1..{MAX_REPEATS}"
+        )
 
 
 def _check_sweep(cfg: DictConfig) -> None:
     check_repeats(cfg.sweep.repeats)
     per = cfg.sweep.jobs_per_allocation
     if isinstance(per, bool) or not isinstance(per, int) or per < 1:
-        raise ValueError(f"sweep.jobs_per_allocation={per} must be an integer >= 1 (how many of a SLURM "
-                         f"sweep's jobs one allocation runs, one after the other; 1 = an allocation per job)")
+        raise ValueError(
+            f"sweep.jobs_per_allocation={per} must be an integer >= 1 (how many of a SLURM "
+            f"sweep's jobs one allocation runs, one after the other; 1 = an allocation per job)"
+        )
     max_mb = cfg.store.max_mb
     if not math.isfinite(max_mb) or max_mb <= 0:
         raise ValueError(f"store.max_mb={max_mb} must be a positive number of MiB (the store's size cap)")
@@ -142,19 +148,22 @@ def _check_model(cfg: DictConfig) -> None:
 def check_layout(model: DictConfig, par: DictConfig, *, where: str = "parallelism") -> None:
     """Can this model be laid out with these degrees? (Used for every layout a job holds.)"""
     divisible = {
-        "num_heads": model.num_heads, "num_kv_heads": model.num_kv_heads,
-        "hidden_size": model.hidden_size, "ffn_hidden_size": model.ffn_hidden_size,
+        "num_heads": model.num_heads,
+        "num_kv_heads": model.num_kv_heads,
+        "hidden_size": model.hidden_size,
+        "ffn_hidden_size": model.ffn_hidden_size,
         "vocab_size": model.vocab_size,
     }
     for key, value in divisible.items():
         if value % par.tp:
-            raise ValueError(f"{where}.tp={par.tp} does not divide model.{key}={value} "
-                             f"(valid tp: divisors of {value})")
+            raise ValueError(f"{where}.tp={par.tp} does not divide model.{key}={value} (valid tp: divisors of {value})")
     if model.num_layers % par.pp:
         raise ValueError(f"{where}.pp={par.pp} does not divide model.num_layers={model.num_layers}")
     if par.ep > 1 and model.num_experts == 0:
-        raise ValueError(f"{where}.ep={par.ep} needs an MoE model, but model={model.name} is dense "
-                         f"(num_experts=0); use ep=1 or an MoE model (tiny_moe, mixtral_8x7b)")
+        raise ValueError(
+            f"{where}.ep={par.ep} needs an MoE model, but model={model.name} is dense "
+            f"(num_experts=0); use ep=1 or an MoE model (tiny_moe, mixtral_8x7b)"
+        )
     if model.num_experts and model.num_experts % par.ep:
         raise ValueError(f"{where}.ep={par.ep} does not divide model.num_experts={model.num_experts}")
     if model.seq_len % par.cp:
@@ -173,5 +182,9 @@ def _check_parallelism(cfg: DictConfig) -> None:
 
 
 CHECKS: tuple[Callable[[DictConfig], None], ...] = (
-    _check_positive, _check_sweep, _check_choices, _check_model, _check_parallelism,
+    _check_positive,
+    _check_sweep,
+    _check_choices,
+    _check_model,
+    _check_parallelism,
 )

@@ -56,8 +56,13 @@ def _slow(rank: int) -> None:
 
 
 FAULTS: dict[str, Callable[[int], None]] = {
-    "raise": _raise, "exit": _exit, "kill": _kill, "segfault": _segfault, "hang": _hang,
-    "hang_until_requeued": _hang_until_requeued, "slow": _slow,
+    "raise": _raise,
+    "exit": _exit,
+    "kill": _kill,
+    "segfault": _segfault,
+    "hang": _hang,
+    "hang_until_requeued": _hang_until_requeued,
+    "slow": _slow,
 }
 
 
@@ -65,8 +70,10 @@ def check_fault_factor(cfg: DictConfig) -> None:
     """fault.factor slows timed iterations down: >= 1, and only with fault.kind=slow."""
     factor = cfg.fault.factor
     if factor < 1 or (factor != 1 and cfg.fault.kind != "slow"):
-        raise ValueError(f"fault.factor={factor} needs fault.kind=slow and a value >= 1 "
-                         f"(1.3: every timed iteration takes 1.3x as long)")
+        raise ValueError(
+            f"fault.factor={factor} needs fault.kind=slow and a value >= 1 "
+            f"(1.3: every timed iteration takes 1.3x as long)"
+        )
 
 
 def maybe_inject_fault(cfg: DictConfig, rank: int) -> None:

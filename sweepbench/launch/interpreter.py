@@ -38,8 +38,15 @@ def interpreter_problem(python: str) -> str:
     if not (os.path.isfile(python) and os.access(python, os.X_OK)):
         return f"{where} is not an executable file; give a Python interpreter (e.g. /path/to/venv/bin/python)"
     try:  # in a session of its own, killed whole: nothing the probe started outlives it
-        child = subprocess.Popen([python, "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
+        child = subprocess.Popen(
+            [python, "-"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
     except OSError as err:
         return f"{where} cannot be run ({err.strerror or err}); give a Python interpreter"
     try:
@@ -56,15 +63,21 @@ def interpreter_problem(python: str) -> str:
     found = [line for line in proc.stdout.splitlines() if line.startswith("SWEEPBENCH-PROBE ")]
     if proc.returncode != 0 or not found:
         said = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-2:])[:160]
-        return (f"{where} is not a Python interpreter that runs (exit code {proc.returncode}"
-                f"{': ' + said if said else ''}); give one, e.g. /path/to/venv/bin/python")
+        return (
+            f"{where} is not a Python interpreter that runs (exit code {proc.returncode}"
+            f"{': ' + said if said else ''}); give one, e.g. /path/to/venv/bin/python"
+        )
     probe = json.loads(found[-1].split(" ", 1)[1])
     if "sweepbench_error" in probe:
-        return (f"{where} (Python {probe['python']}) cannot import sweepbench ({probe['sweepbench_error']}); "
-                f"install it there: {python} -m pip install <this checkout>")
+        return (
+            f"{where} (Python {probe['python']}) cannot import sweepbench ({probe['sweepbench_error']}); "
+            f"install it there: {python} -m pip install <this checkout>"
+        )
     if probe["sweepbench"] != sweepbench.__version__:
-        return (f"{where} has sweepbench {probe['sweepbench']}, not this driver's {sweepbench.__version__}; "
-                f"install the same version there")
+        return (
+            f"{where} has sweepbench {probe['sweepbench']}, not this driver's {sweepbench.__version__}; "
+            f"install the same version there"
+        )
     if not probe["torch"]:
         return f"{where} (Python {probe['python']}) lacks torch; install it there"
     return ""

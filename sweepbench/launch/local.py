@@ -83,13 +83,19 @@ def _start_ranks(cfg: DictConfig, spec: dict[str, Any], *, world_size: int, job_
         for rank in range(world_size):
             env = {**os.environ, SPEC_ENV: json.dumps({**spec, "rank": rank})}
             if forked:
-                procs.append(preload.start_rank(env, logs / f"rank{rank}.log", index=rank,
-                                                keep=bool(cfg.launch.get("keep_ranks", False))))
+                procs.append(
+                    preload.start_rank(
+                        env, logs / f"rank{rank}.log", index=rank, keep=bool(cfg.launch.get("keep_ranks", False))
+                    )
+                )
                 continue
             fd = os.open(logs / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:
-                procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, env=env,
-                                              start_new_session=True))
+                procs.append(
+                    subprocess.Popen(
+                        argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, env=env, start_new_session=True
+                    )
+                )
             finally:
                 os.close(fd)
     except OSError as err:
@@ -125,11 +131,23 @@ def launch_local(cfg: DictConfig, *, world_size: int, job_dir: Path) -> JobOutco
     launch_id = uuid.uuid4().hex[:12]
     payload_path = job_dir / f".rank0_payload.{launch_id}.json"
     clear_leftovers(job_dir)
-    store = dist.TCPStore(cfg.launch.master_addr, 0, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=min(cfg.launch.timeout_s, 3600)))
-    spec = {"cfg": OmegaConf.to_container(cfg, resolve=True), "job_dir": str(job_dir),
-            "master_addr": cfg.launch.master_addr, "port": store.port, "world_size": world_size,
-            "payload": str(payload_path), "parent_pid": os.getpid(), "progress_key": PROGRESS_KEY}
+    store = dist.TCPStore(
+        cfg.launch.master_addr,
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=min(cfg.launch.timeout_s, 3600)),
+    )
+    spec = {
+        "cfg": OmegaConf.to_container(cfg, resolve=True),
+        "job_dir": str(job_dir),
+        "master_addr": cfg.launch.master_addr,
+        "port": store.port,
+        "world_size": world_size,
+        "payload": str(payload_path),
+        "parent_pid": os.getpid(),
+        "progress_key": PROGRESS_KEY,
+    }
     status = sweep_status.current()
     if status is not None:
         status.job_started(sweep_status.job_label(job_dir), world_size)
@@ -150,12 +168,23 @@ def launch_local(cfg: DictConfig, *, world_size: int, job_dir: Path) -> JobOutco
 
 
 def _interrupted(signum: int, tic: float, world_size: int) -> JobOutcome:
-    return JobOutcome("interrupted", f"interrupted by {signal.Signals(signum).name} after "
-                                     f"{time.monotonic() - tic:.1f}s; its {world_size} ranks were stopped")
+    return JobOutcome(
+        "interrupted",
+        f"interrupted by {signal.Signals(signum).name} after "
+        f"{time.monotonic() - tic:.1f}s; its {world_size} ranks were stopped",
+    )
 
 
-def _supervise(cfg: DictConfig, procs: list[subprocess.Popen], store: Any, status: Any, *, job_dir: Path,
-               payload_path: Path, tic: float) -> JobOutcome:
+def _supervise(
+    cfg: DictConfig,
+    procs: list[subprocess.Popen],
+    store: Any,
+    status: Any,
+    *,
+    job_dir: Path,
+    payload_path: Path,
+    tic: float,
+) -> JobOutcome:
     from sweepbench.launch import interrupt
 
     world_size = len(procs)
@@ -174,8 +203,10 @@ def _supervise(cfg: DictConfig, procs: list[subprocess.Popen], store: Any, statu
         if signum is not None:
             return _interrupted(signum, tic, world_size)
         if time.monotonic() > deadline:
-            return JobOutcome("timeout", f"job exceeded launch.timeout_s={cfg.launch.timeout_s:g}s; "
-                                         f"all {world_size} ranks were killed")
+            return JobOutcome(
+                "timeout",
+                f"job exceeded launch.timeout_s={cfg.launch.timeout_s:g}s; all {world_size} ranks were killed",
+            )
         _show_progress(store, status)
         if status is not None:
             status.tick()

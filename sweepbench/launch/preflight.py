@@ -30,19 +30,29 @@ def _check_keep_ranks(cfg: DictConfig) -> None:
     if not cfg.launch.keep_ranks:
         return
     if cfg.sweep.repeats > 1:
-        raise ValueError(f"launch.keep_ranks=true with sweep.repeats={cfg.sweep.repeats}: rounds must run in "
-                         f"independent processes, and kept ranks run every job in the same ones; drop one of them")
+        raise ValueError(
+            f"launch.keep_ranks=true with sweep.repeats={cfg.sweep.repeats}: rounds must run in "
+            f"independent processes, and kept ranks run every job in the same ones; drop one of them"
+        )
     if not cfg.launch.preload:
-        raise ValueError("launch.keep_ranks=true with launch.preload=false: only forked ranks are kept; "
-                         "set launch.preload=true or launch.keep_ranks=false")
+        raise ValueError(
+            "launch.keep_ranks=true with launch.preload=false: only forked ranks are kept; "
+            "set launch.preload=true or launch.keep_ranks=false"
+        )
     python = str(cfg.launch.python or "")
     if python and os.path.abspath(python) != os.path.abspath(sys.executable):
-        raise ValueError(f"launch.keep_ranks=true with launch.python={python}: only ranks forked from the "
-                         f"driver's own interpreter ({sys.executable}) are kept; drop one of them")
+        raise ValueError(
+            f"launch.keep_ranks=true with launch.python={python}: only ranks forked from the "
+            f"driver's own interpreter ({sys.executable}) are kept; drop one of them"
+        )
 
 
 CHECKS: tuple[Callable[[DictConfig], None], ...] = (
-    *KNOB_CHECKS, _check_fault_kind, check_fault_factor, check_wandb_names, _check_keep_ranks,
+    *KNOB_CHECKS,
+    _check_fault_kind,
+    check_fault_factor,
+    check_wandb_names,
+    _check_keep_ranks,
 )
 
 
@@ -58,8 +68,10 @@ def _check_gpus(cfg: DictConfig, world_size: int) -> None:
     gpus = visible_gpus()
     per_node = cfg.launch.ranks_per_node or world_size
     if cfg.backend.name in GPU_BACKENDS and per_node > gpus:
-        raise ValueError(f"{per_node} ranks per node need {per_node} GPUs, but {gpus} are visible "
-                         f"(world_size={world_size}); use a layout of at most {gpus} ranks per node")
+        raise ValueError(
+            f"{per_node} ranks per node need {per_node} GPUs, but {gpus} are visible "
+            f"(world_size={world_size}); use a layout of at most {gpus} ranks per node"
+        )
 
 
 def job_backend(cfg: DictConfig, world_size: int) -> str:
@@ -88,8 +100,10 @@ def cpu_fallback_note(cfg: DictConfig, world_size: int) -> str:
     if cfg.backend.name != "auto" or not gpus or job_backend(cfg, world_size) != "gloo":
         return ""
     per_node = cfg.launch.ranks_per_node or world_size
-    return (f"backend=auto: {per_node} ranks per node, {gpus} GPU{'s' if gpus > 1 else ''} visible: running on "
-            f"the CPU with gloo (backend=nccl requires a GPU per rank and refuses such a job)")
+    return (
+        f"backend=auto: {per_node} ranks per node, {gpus} GPU{'s' if gpus > 1 else ''} visible: running on "
+        f"the CPU with gloo (backend=nccl requires a GPU per rank and refuses such a job)"
+    )
 
 
 def validate_config(cfg: DictConfig, *, plan: bool = False) -> int:
@@ -137,8 +151,10 @@ def cluster_note(cfg: DictConfig, gpus_per_node: int) -> str:
     there ("" when it could): a GPU backend with no GPU requested. (Its placement is checked where
     its request is computed: ``launch.slurm_request.job_request``.)"""
     if cfg.backend.name in GPU_BACKENDS and not gpus_per_node:
-        return (f"backend={cfg.backend.name} needs GPUs, but the launcher asks for none; set "
-                f"hydra.launcher.gpus_per_node (the cluster preset's) or launch.gpus_per_node")
+        return (
+            f"backend={cfg.backend.name} needs GPUs, but the launcher asks for none; set "
+            f"hydra.launcher.gpus_per_node (the cluster preset's) or launch.gpus_per_node"
+        )
     return ""
 
 
@@ -186,8 +202,10 @@ def check_local_fit(cfg: DictConfig, world_size: int) -> None:
 
     limit = max_local_ranks(cfg)
     if world_size > limit:
-        raise ValueError(f"world_size={world_size} is far beyond this machine's {os.cpu_count()} CPU cores "
-                         f"(at most {limit} local ranks); set launch.max_local_ranks={world_size} to run it anyway")
+        raise ValueError(
+            f"world_size={world_size} is far beyond this machine's {os.cpu_count()} CPU cores "
+            f"(at most {limit} local ranks); set launch.max_local_ranks={world_size} to run it anyway"
+        )
     if cfg.launch.skip_memory_check:
         return
     need = int(get_benchmark(cfg.benchmark.name).memory_bytes(cfg, world_size) or 0)
@@ -197,11 +215,15 @@ def check_local_fit(cfg: DictConfig, world_size: int) -> None:
     if cfg.backend.name in GPU_BACKENDS:
         have = min(visible_gpu_memory(), default=0)
         if need > have:
-            raise ValueError(f"{cfg.benchmark.name} needs about {need / GiB:.1f} GiB per rank, more than a GPU's "
-                             f"{have / GiB:.1f} GiB; use a smaller model or more ranks, or {force}")
+            raise ValueError(
+                f"{cfg.benchmark.name} needs about {need / GiB:.1f} GiB per rank, more than a GPU's "
+                f"{have / GiB:.1f} GiB; use a smaller model or more ranks, or {force}"
+            )
         return
     have = host_memory_bytes()
     if need * world_size > have:
-        raise ValueError(f"{cfg.benchmark.name} needs about {need / GiB:.1f} GiB per rank x {world_size} ranks "
-                         f"= {need * world_size / GiB:.1f} GiB, more than this machine's {have / GiB:.1f} GiB "
-                         f"of RAM; use a smaller model (model=tiny) or {force}")
+        raise ValueError(
+            f"{cfg.benchmark.name} needs about {need / GiB:.1f} GiB per rank x {world_size} ranks "
+            f"= {need * world_size / GiB:.1f} GiB, more than this machine's {have / GiB:.1f} GiB "
+            f"of RAM; use a smaller model (model=tiny) or {force}"
+        )

@@ -41,9 +41,17 @@ from omegaconf import DictConfig
 # what a rank imports before its first line of work (rank.run_rank, the benchmark registry and
 # every benchmark plugin, the environment capture): imported once, in the fork server, after the
 # guard that makes the server die with the driver
-PRELOAD = ["sweepbench.launch.forkserver_guard", "torch", "torch.distributed", "omegaconf", "sweepbench.launch.rank",
-           "sweepbench.benchmarks.registry", "sweepbench.record.env", "sweepbench.record.atomic",
-           "sweepbench.launch.preload"]
+PRELOAD = [
+    "sweepbench.launch.forkserver_guard",
+    "torch",
+    "torch.distributed",
+    "omegaconf",
+    "sweepbench.launch.rank",
+    "sweepbench.benchmarks.registry",
+    "sweepbench.record.env",
+    "sweepbench.record.atomic",
+    "sweepbench.launch.preload",
+]
 
 _server_env: dict[str, str] | None = None  # the environment the fork server started with
 # variables that nothing preloaded reads, which the driver sets between jobs (its wandb runs set

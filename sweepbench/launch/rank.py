@@ -114,8 +114,15 @@ def rank_device(backend: str, local_rank: int) -> "torch.device":
 
 
 def run_rank(
-    cfg: DictConfig, *, rank: int, world_size: int, local_rank: int, ranks_per_node: int,
-    store: "dist.Store | None" = None, progress_sink: "Sink | None" = None, job_dir: Path | None = None,
+    cfg: DictConfig,
+    *,
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    ranks_per_node: int,
+    store: "dist.Store | None" = None,
+    progress_sink: "Sink | None" = None,
+    job_dir: Path | None = None,
 ) -> dict[str, Any] | None:
     """Run the benchmark on this rank; rank 0 returns the job's payload, other ranks None.
 
@@ -138,18 +145,27 @@ def run_rank(
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks_per_node))
     pg_backend = "nccl" if backend == "nvshmem" else backend  # nvshmem rides on an NCCL group
     dist.init_process_group(
-        pg_backend, store=store, rank=rank, world_size=world_size,
+        pg_backend,
+        store=store,
+        rank=rank,
+        world_size=world_size,
         timeout=timedelta(seconds=cfg.launch.timeout_s),
         device_id=device if device.type == "cuda" else None,
     )
     group_up = time.monotonic()
-    print(f"rank {rank}/{world_size}: process group up ({pg_backend} on {device}) in {group_up - tic:.1f}s",
-          flush=True)
+    print(f"rank {rank}/{world_size}: process group up ({pg_backend} on {device}) in {group_up - tic:.1f}s", flush=True)
     # No try/finally around the group: a rank that fails leaves its group to its own exit. Destroying
     # it first would close the peers' connections before this rank has reported its error, and a
     # peer's "connection closed" could then be reported as the job's failure instead of the cause.
-    ctx = RankContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device,
-                      backend=backend, cfg=cfg, job_dir=job_dir)
+    ctx = RankContext(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        device=device,
+        backend=backend,
+        cfg=cfg,
+        job_dir=job_dir,
+    )
     progress.install(rank=rank, sink=progress_sink)
     maybe_inject_fault(cfg, rank)
     reset_peaks(device)
@@ -159,15 +175,27 @@ def run_rank(
     dist.all_gather_object(memory, memory_peaks(device))
     dist.barrier()
     dist.destroy_process_group()
-    print(f"rank {rank}: {cfg.benchmark.name} done in {time.monotonic() - tic:.1f}s "
-          f"({progress.cases_done() if rank == 0 else '-'} cases reported), verified={result.verified}", flush=True)
+    print(
+        f"rank {rank}: {cfg.benchmark.name} done in {time.monotonic() - tic:.1f}s "
+        f"({progress.cases_done() if rank == 0 else '-'} cases reported), verified={result.verified}",
+        flush=True,
+    )
     if rank != 0:
         return None
     # where rank 0's part of the job's wall time went (recorder.WALL_PHASES)
-    phases = {"start": started_s, "process_group": group_up - tic, "benchmark": ran - group_up,
-              "teardown": time.monotonic() - ran}
-    return {"result": asdict(result), "memory_per_rank": memory, "backend": backend,
-            "device": str(device.type), "phases_s": {k: v for k, v in phases.items() if v is not None}}
+    phases = {
+        "start": started_s,
+        "process_group": group_up - tic,
+        "benchmark": ran - group_up,
+        "teardown": time.monotonic() - ran,
+    }
+    return {
+        "result": asdict(result),
+        "memory_per_rank": memory,
+        "backend": backend,
+        "device": str(device.type),
+        "phases_s": {k: v for k, v in phases.items() if v is not None},
+    }
 
 
 def _store_sink(store: "dist.Store", key: str) -> "Sink":
@@ -184,8 +212,11 @@ def main(*, forked: bool = False, kept: bool = False) -> None:
     spec = json.loads(os.environ.pop("SWEEPBENCH_RANK_SPEC"))
     die_with_parent(spec["parent_pid"], forked=forked)
     rank, world_size, job_dir = spec["rank"], spec["world_size"], Path(spec["job_dir"])
-    print(f"===== {time.strftime('%Y-%m-%dT%H:%M:%S')} rank {rank} of {world_size} on {socket.gethostname()}, "
-          f"pid {os.getpid()}, python {sys.version.split()[0]} ({sys.executable}) =====", flush=True)
+    print(
+        f"===== {time.strftime('%Y-%m-%dT%H:%M:%S')} rank {rank} of {world_size} on {socket.gethostname()}, "
+        f"pid {os.getpid()}, python {sys.version.split()[0]} ({sys.executable}) =====",
+        flush=True,
+    )
     try:
         import torch.distributed as dist
 
@@ -193,11 +224,20 @@ def main(*, forked: bool = False, kept: bool = False) -> None:
         from sweepbench.record.env import capture_env
 
         cfg = OmegaConf.create(spec["cfg"])
-        store = dist.TCPStore(spec["master_addr"], spec["port"], is_master=False,
-                              timeout=timedelta(seconds=cfg.launch.timeout_s))
+        store = dist.TCPStore(
+            spec["master_addr"], spec["port"], is_master=False, timeout=timedelta(seconds=cfg.launch.timeout_s)
+        )
         sink = _store_sink(store, spec["progress_key"]) if rank == 0 else None
-        payload = run_rank(cfg, rank=rank, world_size=world_size, local_rank=rank, ranks_per_node=world_size,
-                           store=store, progress_sink=sink, job_dir=job_dir)
+        payload = run_rank(
+            cfg,
+            rank=rank,
+            world_size=world_size,
+            local_rank=rank,
+            ranks_per_node=world_size,
+            store=store,
+            progress_sink=sink,
+            job_dir=job_dir,
+        )
         if payload is not None:
             payload["env"] = capture_env()  # the versions the ranks ran with, not the driver's
             payload["rank_start"] = "kept" if kept else "forked" if forked else "fresh"

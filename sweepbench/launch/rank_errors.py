@@ -29,8 +29,10 @@ def note_rank_error(job_dir: Path, rank: int, err: BaseException) -> None:
     failed_at = time.time_ns()
     traceback.print_exc()
     sys.stderr.flush()
-    write_json_atomic(job_dir / f".rank{rank}_error.json",
-                      {"rank": rank, "time_ns": failed_at, "error": traceback.format_exception_only(err)[-1].strip()})
+    write_json_atomic(
+        job_dir / f".rank{rank}_error.json",
+        {"rank": rank, "time_ns": failed_at, "error": traceback.format_exception_only(err)[-1].strip()},
+    )
 
 
 def first_raised(job_dir: Path) -> str | None:

@@ -104,9 +104,15 @@ def task_layout() -> TaskLayout:
     if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":  # (submitit's local executor: this machine)
         dist_env.master_addr = node_address(dist_env.master_addr)
     dist_env.export(set_cuda_visible_devices=False, overwrite=True)
-    return TaskLayout(rank=dist_env.rank, world_size=dist_env.world_size, local_rank=dist_env.local_rank,
-                      ranks_per_node=dist_env.local_world_size, job_id=job_id,
-                      master_addr=dist_env.master_addr, master_port=dist_env.master_port)
+    return TaskLayout(
+        rank=dist_env.rank,
+        world_size=dist_env.world_size,
+        local_rank=dist_env.local_rank,
+        ranks_per_node=dist_env.local_world_size,
+        job_id=job_id,
+        master_addr=dist_env.master_addr,
+        master_port=dist_env.master_port,
+    )
 
 
 def start_rank_log(job_dir: Path, rank: int) -> None:
@@ -115,9 +121,12 @@ def start_rank_log(job_dir: Path, rank: int) -> None:
     which host and with which interpreter (``launch.python``) this rank runs."""
     redirect_output(job_dir / "logs" / f"rank{rank}.log")
     job = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or "?"
-    print(f"===== {datetime.now().isoformat(timespec='seconds')} rank {rank}: job {job}, "
-          f"start {restart_count() + 1} (SLURM_RESTART_COUNT={restart_count()}) on {socket.gethostname()}, "
-          f"python {sys.executable} =====", flush=True)
+    print(
+        f"===== {datetime.now().isoformat(timespec='seconds')} rank {rank}: job {job}, "
+        f"start {restart_count() + 1} (SLURM_RESTART_COUNT={restart_count()}) on {socket.gethostname()}, "
+        f"python {sys.executable} =====",
+        flush=True,
+    )
 
 
 def start_attempt(job_dir: Path) -> None:
@@ -142,23 +151,40 @@ def _is_time_out(err: BaseException) -> bool:
     return type(err).__name__ == "UncompletedJobError" and "timed-out" in str(err)
 
 
-def run_slurm_tasks(cfg: DictConfig, *, world_size: int, job_dir: Path,
-                    record: Callable[[JobOutcome], dict[str, Any]]) -> dict[str, Any] | None:
+def run_slurm_tasks(
+    cfg: DictConfig, *, world_size: int, job_dir: Path, record: Callable[[JobOutcome], dict[str, Any]]
+) -> dict[str, Any] | None:
     """Run this task as its rank of the job; rank 0 records and returns the metrics."""
     layout = task_layout()
     rank = layout.rank
     if rank == 0:
         start_attempt(job_dir)
     if layout.world_size != world_size:
-        error = (f"the SLURM job has {layout.world_size} tasks but the job's world size is {world_size}: "
-                 f"one task per rank is needed (do not set hydra.launcher.nodes/tasks_per_node; "
-                 f"use launch.ranks_per_node / launch.gpus_per_node)")
+        error = (
+            f"the SLURM job has {layout.world_size} tasks but the job's world size is {world_size}: "
+            f"one task per rank is needed (do not set hydra.launcher.nodes/tasks_per_node; "
+            f"use launch.ranks_per_node / launch.gpus_per_node)"
+        )
         return record(JobOutcome("failed", error)) if rank == 0 else None
-    log.info("rank %d of %d (local rank %d, %d per node), rendezvous %s:%d", rank, world_size,
-             layout.local_rank, layout.ranks_per_node, layout.master_addr, layout.master_port)
+    log.info(
+        "rank %d of %d (local rank %d, %d per node), rendezvous %s:%d",
+        rank,
+        world_size,
+        layout.local_rank,
+        layout.ranks_per_node,
+        layout.master_addr,
+        layout.master_port,
+    )
     try:
-        payload = run_rank(cfg, rank=rank, world_size=world_size, local_rank=layout.local_rank,
-                           ranks_per_node=layout.ranks_per_node, store=None, job_dir=job_dir)
+        payload = run_rank(
+            cfg,
+            rank=rank,
+            world_size=world_size,
+            local_rank=layout.local_rank,
+            ranks_per_node=layout.ranks_per_node,
+            store=None,
+            job_dir=job_dir,
+        )
     except Exception as err:
         note_rank_error(job_dir, rank, err)
         if rank != 0:

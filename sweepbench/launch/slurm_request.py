@@ -27,14 +27,26 @@ from omegaconf import DictConfig
 # Launcher fields sweepbench computes per job; a preset must leave them unset.
 COMPUTED_FIELDS = ("nodes", "tasks_per_node")
 # Launcher fields that are sweepbench's own, not submitit parameters.
-OWN_FIELDS = frozenset({"startup_min", "poll_s", "requeue", "srun_args", "submitit_folder", "max_num_timeout",
-                        "gpus_per_node", "timeout_min", *COMPUTED_FIELDS})
+OWN_FIELDS = frozenset(
+    {
+        "startup_min",
+        "poll_s",
+        "requeue",
+        "srun_args",
+        "submitit_folder",
+        "max_num_timeout",
+        "gpus_per_node",
+        "timeout_min",
+        *COMPUTED_FIELDS,
+    }
+)
 # SLURM may send the time-limit warning (--signal) up to ~30 s early; the tasks need a few seconds
 # to start and install submitit's handler, so the warning never asks for more than limit - 45 s.
 SIGNAL_SLACK_S = 45
 # hydra-submitit-launcher's shared fields (BaseQueueConf): passed to submitit unprefixed.
-SHARED_FIELDS = frozenset({"timeout_min", "cpus_per_task", "gpus_per_node", "tasks_per_node", "mem_gb", "nodes",
-                           "name", "stderr_to_stdout"})
+SHARED_FIELDS = frozenset(
+    {"timeout_min", "cpus_per_task", "gpus_per_node", "tasks_per_node", "mem_gb", "nodes", "name", "stderr_to_stdout"}
+)
 
 
 @dataclass(frozen=True)
@@ -52,8 +64,10 @@ class SlurmRequest:
     def describe(self) -> str:
         gpus = f"{self.gpus_per_node} GPUs/node" if self.gpus_per_node else "no GPU"
         python = f", python {self.python}" if self.python else ""
-        return (f"{self.nodes} node{'s' if self.nodes > 1 else ''} x {self.tasks_per_node} tasks, {gpus}, "
-                f"{self.timeout_min} min{python}")
+        return (
+            f"{self.nodes} node{'s' if self.nodes > 1 else ''} x {self.tasks_per_node} tasks, {gpus}, "
+            f"{self.timeout_min} min{python}"
+        )
 
 
 def job_request(cfg: DictConfig, world_size: int, params: Mapping[str, Any]) -> SlurmRequest:
@@ -62,32 +76,48 @@ def job_request(cfg: DictConfig, world_size: int, params: Mapping[str, Any]) -> 
     Raises ValueError, naming the setting, for a layout that cannot be placed."""
     for key in COMPUTED_FIELDS:
         if params.get(key) is not None:
-            raise ValueError(f"hydra.launcher.{key}={params[key]} is computed per job from its world size; "
-                             f"remove it (set launch.ranks_per_node or launch.gpus_per_node instead)")
+            raise ValueError(
+                f"hydra.launcher.{key}={params[key]} is computed per job from its world size; "
+                f"remove it (set launch.ranks_per_node or launch.gpus_per_node instead)"
+            )
     gpus = int(cfg.launch.gpus_per_node or params.get("gpus_per_node") or 0)
     if gpus < 0 or cfg.launch.ranks_per_node < 0:
         raise ValueError("launch.gpus_per_node and launch.ranks_per_node must be >= 0")
     per_node = int(cfg.launch.ranks_per_node or (min(world_size, gpus) if gpus else world_size))
     if world_size % per_node:
-        raise ValueError(f"{per_node} ranks per node (launch.ranks_per_node, or GPUs per node) does not "
-                         f"divide world_size={world_size}")
+        raise ValueError(
+            f"{per_node} ranks per node (launch.ranks_per_node, or GPUs per node) does not "
+            f"divide world_size={world_size}"
+        )
     if gpus and per_node > gpus:
-        raise ValueError(f"launch.ranks_per_node={per_node} needs {per_node} GPUs per node, but nodes have "
-                         f"{gpus} (launch.gpus_per_node): one GPU per rank")
+        raise ValueError(
+            f"launch.ranks_per_node={per_node} needs {per_node} GPUs per node, but nodes have "
+            f"{gpus} (launch.gpus_per_node): one GPU per rank"
+        )
     timeout = params.get("timeout_min") or math.ceil(cfg.launch.timeout_s / 60) + int(params.get("startup_min") or 0)
     python = str(cfg.launch.python or "")
     if python and not (os.path.isfile(python) and os.access(python, os.X_OK)):
-        raise ValueError(f"launch.python={python} is not an executable file; give a Python interpreter "
-                         f"(e.g. /path/to/venv/bin/python) on a filesystem the nodes share")
-    return SlurmRequest(nodes=world_size // per_node, tasks_per_node=per_node,
-                        gpus_per_node=per_node if gpus else 0, timeout_min=int(timeout), python=python)
+        raise ValueError(
+            f"launch.python={python} is not an executable file; give a Python interpreter "
+            f"(e.g. /path/to/venv/bin/python) on a filesystem the nodes share"
+        )
+    return SlurmRequest(
+        nodes=world_size // per_node,
+        tasks_per_node=per_node,
+        gpus_per_node=per_node if gpus else 0,
+        timeout_min=int(timeout),
+        python=python,
+    )
 
 
 def executor_init(cluster: str, params: Mapping[str, Any], request: SlurmRequest) -> dict[str, Any]:
     """submitit.AutoExecutor's constructor arguments (the interpreter is the executor's, not a
     job parameter: jobs of different interpreters go in different executors)."""
-    init: dict[str, Any] = {"folder": params["submitit_folder"], "cluster": cluster,
-                            f"{cluster}_max_num_timeout": int(params.get("max_num_timeout") or 0)}
+    init: dict[str, Any] = {
+        "folder": params["submitit_folder"],
+        "cluster": cluster,
+        f"{cluster}_max_num_timeout": int(params.get("max_num_timeout") or 0),
+    }
     if request.python:
         init[f"{cluster}_python"] = shlex.quote(request.python)  # submitit puts it in a shell line as is
     return init

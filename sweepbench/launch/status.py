@@ -16,10 +16,14 @@ from rich.status import Status
 
 PLAIN_EVERY_S = 30.0  # not a terminal: a line this often while a job runs
 
+
 def _clock(seconds: float) -> str:
     seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 \
+    return (
+        f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        if seconds >= 3600
         else f"{seconds // 60}:{seconds % 60:02d}"
+    )
 
 
 @dataclass
@@ -46,8 +50,11 @@ class SweepStatus:
     def job_started(self, tag: str, world_size: int) -> None:
         self._tag, self._job_start = tag, time.monotonic()
         self.started.add(tag)
-        print(f"[{self.index(tag)}/{len(self.tags)}] {tag}: {world_size} ranks starting "
-              f"(sweep {_clock(time.monotonic() - self.start)} elapsed, {self.estimate()})", flush=True)
+        print(
+            f"[{self.index(tag)}/{len(self.tags)}] {tag}: {world_size} ranks starting "
+            f"(sweep {_clock(time.monotonic() - self.start)} elapsed, {self.estimate()})",
+            flush=True,
+        )
         self._what, self._said = "running, no case reported yet", self._job_start
         console = Console(file=sys.stdout)
         if console.is_terminal:
@@ -55,8 +62,7 @@ class SweepStatus:
             self._live.start()
 
     def _line(self) -> str:
-        return (f"[{self.index(self._tag)}/{len(self.tags)}] {self._what} "
-                f"({_clock(time.monotonic() - self._job_start)})")
+        return f"[{self.index(self._tag)}/{len(self.tags)}] {self._what} ({_clock(time.monotonic() - self._job_start)})"
 
     def case_done(self, done: int, total: int | None, label: str) -> None:
         of = f"/{total}" if total else ""
@@ -69,8 +75,11 @@ class SweepStatus:
             self._live.update(self._line())
         elif time.monotonic() - self._said >= PLAIN_EVERY_S:
             self._said = time.monotonic()
-            print(f"[{self.index(self._tag)}/{len(self.tags)}] {self._tag}: {self._what} "
-                  f"({_clock(time.monotonic() - self._job_start)})", flush=True)
+            print(
+                f"[{self.index(self._tag)}/{len(self.tags)}] {self._tag}: {self._what} "
+                f"({_clock(time.monotonic() - self._job_start)})",
+                flush=True,
+            )
 
     def job_finished(self, status: str, error: str | None = None) -> None:
         if self._live is not None:

@@ -57,8 +57,16 @@ def _check_nccl_tests(cfg: Any, world_size: int) -> None:
     check_build(cfg, world_size)
 
 
-register("torch", CollectiveImpl("sweepbench.measure.collectives:run_torch",
-                                 "torch.distributed on every rank, timed by sweepbench", reference="nccl_tests"))
+register(
+    "torch",
+    CollectiveImpl(
+        "sweepbench.measure.collectives:run_torch",
+        "torch.distributed on every rank, timed by sweepbench",
+        reference="nccl_tests",
+    ),
+)
+
+
 def _check_cuda(cfg: Any, world_size: int) -> None:
     from sweepbench.config.validate import GPU_BACKENDS, resolve_backend
     from sweepbench.core import NotOnThisMachine
@@ -66,17 +74,34 @@ def _check_cuda(cfg: Any, world_size: int) -> None:
     if resolve_backend(cfg.backend.name) not in GPU_BACKENDS:  # on auto: this machine has no GPU
         raise (NotOnThisMachine if cfg.backend.name == "auto" else ValueError)(
             f"benchmark.impl=torch_graph captures CUDA graphs: it runs on GPUs, not backend={cfg.backend.name}; "
-            "use backend=nccl (or auto on a GPU machine), or impl=torch")
+            "use backend=nccl (or auto on a GPU machine), or impl=torch"
+        )
 
 
-register("torch_graph", CollectiveImpl("sweepbench.measure.collectives:run_torch_graph",
-                                       "torch.distributed, each sample's calls captured once as a CUDA graph and "
-                                       "replayed (no host cost per call: nccl-tests -G); CUDA only",
-                                       check=_check_cuda, reference="nccl_tests_graph"))
-register("nccl_tests", CollectiveImpl("sweepbench.measure.nccl_tests:run_cases",
-                                      "NVIDIA's nccl-tests binaries (benchmark.nccl_tests_dir), one process "
-                                      "driving every GPU of the node", check=_check_nccl_tests))
-register("nccl_tests_graph", CollectiveImpl("sweepbench.measure.nccl_tests:run_cases_graph",
-                                            "nccl_tests with CUDA graphs (-G 1): each sample's calls captured as "
-                                            "one graph, launched once (what torch_graph times)",
-                                            check=_check_nccl_tests))
+register(
+    "torch_graph",
+    CollectiveImpl(
+        "sweepbench.measure.collectives:run_torch_graph",
+        "torch.distributed, each sample's calls captured once as a CUDA graph and "
+        "replayed (no host cost per call: nccl-tests -G); CUDA only",
+        check=_check_cuda,
+        reference="nccl_tests_graph",
+    ),
+)
+register(
+    "nccl_tests",
+    CollectiveImpl(
+        "sweepbench.measure.nccl_tests:run_cases",
+        "NVIDIA's nccl-tests binaries (benchmark.nccl_tests_dir), one process driving every GPU of the node",
+        check=_check_nccl_tests,
+    ),
+)
+register(
+    "nccl_tests_graph",
+    CollectiveImpl(
+        "sweepbench.measure.nccl_tests:run_cases_graph",
+        "nccl_tests with CUDA graphs (-G 1): each sample's calls captured as "
+        "one graph, launched once (what torch_graph times)",
+        check=_check_nccl_tests,
+    ),
+)

@@ -37,8 +37,9 @@ class Buffers:
 def _all_reduce(numel: int, r: int, n: int, dt: torch.dtype, dev: torch.device) -> Buffers:
     buf = torch.empty(numel, dtype=dt, device=dev)
     expected = sum(_pattern(numel, k, torch.float64, dev) for k in range(n)).to(dt)
-    return Buffers(lambda: dist.all_reduce(buf), lambda: buf.copy_(_pattern(numel, r, dt, dev)), buf, expected,
-                   repeatable=False)
+    return Buffers(
+        lambda: dist.all_reduce(buf), lambda: buf.copy_(_pattern(numel, r, dt, dev)), buf, expected, repeatable=False
+    )
 
 
 def _all_gather(numel: int, r: int, n: int, dt: torch.dtype, dev: torch.device) -> Buffers:
@@ -52,7 +53,7 @@ def _reduce_scatter(numel: int, r: int, n: int, dt: torch.dtype, dev: torch.devi
     chunk = numel // n
     inp, out = _pattern(chunk * n, r, dt, dev), torch.empty(chunk, dtype=dt, device=dev)
     full = sum(_pattern(chunk * n, k, torch.float64, dev) for k in range(n))
-    expected = full[r * chunk:(r + 1) * chunk].to(dt)
+    expected = full[r * chunk : (r + 1) * chunk].to(dt)
     return Buffers(lambda: _reduce_scatter_tensor(out, inp), lambda: out.fill_(-1), out, expected)
 
 
@@ -108,8 +109,10 @@ def check_output(op: str, bufs: Buffers, size: int, rank: int) -> None:
     """Mismatch naming the first wrong element of this rank's output."""
     if not torch.equal(bufs.output, bufs.expected):
         bad = (bufs.output != bufs.expected).nonzero()[0].item()
-        raise Mismatch(f"{op} at {size} B on rank {rank}: element {bad} is "
-                       f"{bufs.output[bad].item()}, expected {bufs.expected[bad].item()}")
+        raise Mismatch(
+            f"{op} at {size} B on rank {rank}: element {bad} is "
+            f"{bufs.output[bad].item()}, expected {bufs.expected[bad].item()}"
+        )
 
 
 def verify_once(op: str, bufs: Buffers, size: int, rank: int) -> None:
@@ -169,8 +172,9 @@ def _captured(run: Callable[[], None], k: int, device: torch.device) -> Callable
     return graph.replay
 
 
-def time_case(op: str, size: int, *, rank: int, world_size: int, device: torch.device, cfg: Any,
-              graph: bool = False) -> dict[str, Any]:
+def time_case(
+    op: str, size: int, *, rank: int, world_size: int, device: torch.device, cfg: Any, graph: bool = False
+) -> dict[str, Any]:
     """One (op, size) case, timed with torch.distributed: checked once, then ``cfg.iters`` samples
     of ops_per_sample back-to-back ops, each sample's output checked before its time counts
     (``_Sample``). ``graph``: the k calls of a sample are captured once as a CUDA graph and a
@@ -184,27 +188,52 @@ def time_case(op: str, size: int, *, rank: int, world_size: int, device: torch.d
     if graph:
         replay = sample.counted(_captured(bufs.run, k, device), k)
         # cfg.warmup calls: whole replays of k, at least one
-        times = time_iterations(replay, warmup=max(1, -(-cfg.warmup // k)), iters=cfg.iters, device=device,
-                                before=sample.reset, after=sample.check)
+        times = time_iterations(
+            replay,
+            warmup=max(1, -(-cfg.warmup // k)),
+            iters=cfg.iters,
+            device=device,
+            before=sample.reset,
+            after=sample.check,
+        )
         times = [t / k for t in times]
     else:
-        times = time_iterations(sample.counted(bufs.run, 1), warmup=cfg.warmup, iters=cfg.iters, device=device,
-                                before=sample.reset, after=sample.check, ops_per_sample=k)
+        times = time_iterations(
+            sample.counted(bufs.run, 1),
+            warmup=cfg.warmup,
+            iters=cfg.iters,
+            device=device,
+            before=sample.reset,
+            after=sample.check,
+            ops_per_sample=k,
+        )
     stats = summarize(times)
     s_bytes = numel * itemsize
     algbw = s_bytes / stats["median_s"] / 1e9
-    return {"op": op, "size_bytes": s_bytes, "dtype": cfg.dtype, "impl": "torch_graph" if graph else "torch",
-            "times_s": times, **stats, "warmup": cfg.warmup, "iters": cfg.iters, "ops_per_sample": k,
-            "algbw_gbps": algbw, "busbw_gbps": algbw * OPS[op].busbw_factor(n)}
+    return {
+        "op": op,
+        "size_bytes": s_bytes,
+        "dtype": cfg.dtype,
+        "impl": "torch_graph" if graph else "torch",
+        "times_s": times,
+        **stats,
+        "warmup": cfg.warmup,
+        "iters": cfg.iters,
+        "ops_per_sample": k,
+        "algbw_gbps": algbw,
+        "busbw_gbps": algbw * OPS[op].busbw_factor(n),
+    }
 
 
-def run_torch(ctx: Any, cfg: Any, grid: list[tuple[str, int]], on_case: Callable[[dict[str, Any]], None], *,
-              graph: bool = False) -> dict[str, Any]:
+def run_torch(
+    ctx: Any, cfg: Any, grid: list[tuple[str, int]], on_case: Callable[[dict[str, Any]], None], *, graph: bool = False
+) -> dict[str, Any]:
     """The ``torch`` implementation: every rank runs every case; returns the cases and how a sample is made."""
     cases = []
     for op, size in grid:
-        cases.append(time_case(op, size, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, cfg=cfg,
-                               graph=graph))
+        cases.append(
+            time_case(op, size, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, cfg=cfg, graph=graph)
+        )
         on_case(cases[-1])
     k = ops_per_sample(cfg.ops_per_sample, short_ops=True)
     how = sampling(warmup=cfg.warmup, iters=cfg.iters, ops_per_sample=k, device=ctx.device)
@@ -214,7 +243,8 @@ def run_torch(ctx: Any, cfg: Any, grid: list[tuple[str, int]], on_case: Callable
     return {"cases": cases, "sampling": how}
 
 
-def run_torch_graph(ctx: Any, cfg: Any, grid: list[tuple[str, int]],
-                    on_case: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+def run_torch_graph(
+    ctx: Any, cfg: Any, grid: list[tuple[str, int]], on_case: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
     """The ``torch_graph`` implementation: ``run_torch`` with each sample's calls captured as a CUDA graph."""
     return run_torch(ctx, cfg, grid, on_case, graph=True)

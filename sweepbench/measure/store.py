@@ -96,8 +96,9 @@ def _size(folder: Path) -> int:
 class Store:
     """The store under ``root``, as one job's rank 0 sees it."""
 
-    def __init__(self, root: Path, *, refresh: bool = False, max_mb: float = DEFAULT_MAX_MB, run: str = "",
-                 job: str = "") -> None:
+    def __init__(
+        self, root: Path, *, refresh: bool = False, max_mb: float = DEFAULT_MAX_MB, run: str = "", job: str = ""
+    ) -> None:
         self.root, self.refresh, self.max_bytes = Path(root), refresh, int(max_mb * 2**20)
         self.run = run or sweep_run(None)
         self.origin = {"host": socket.gethostname(), "job": job, "store": str(self.root)}
@@ -107,8 +108,9 @@ class Store:
         root = settings.root()
         if root is None:
             return None
-        return cls(root, refresh=settings.refresh, max_mb=settings.max_mb, run=sweep_run(job_dir),
-                   job=str(job_dir or ""))
+        return cls(
+            root, refresh=settings.refresh, max_mb=settings.max_mb, run=sweep_run(job_dir), job=str(job_dir or "")
+        )
 
     @contextmanager
     def entry(self, kind: str, key: dict[str, Any]) -> Iterator["Entry"]:
@@ -247,8 +249,9 @@ def all_entries(root: Path) -> list[dict[str, Any]]:
                 mtime = (where / ENTRY_FILE).stat().st_mtime
             except OSError:
                 mtime = where.stat().st_mtime  # being written, or left by a crash: oldest first
-            found.append({"path": where, "kind": kind.name, "bytes": _size(where), "mtime": mtime,
-                          "meta": _read_meta(where)[0]})
+            found.append(
+                {"path": where, "kind": kind.name, "bytes": _size(where), "mtime": mtime, "meta": _read_meta(where)[0]}
+            )
     return found
 
 

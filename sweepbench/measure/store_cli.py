@@ -15,20 +15,38 @@ from sweepbench.measure.store import all_entries, clear, default_dir
 
 COMMAND = "store"
 # the key's fields a listing shows (where an entry has them), in this order
-SHOWN = ("seq_len", "batch", "heads", "kv_heads", "head_dim", "dtype", "causal", "pattern", "device", "driver",
-         "torch", "cudnn")
+SHOWN = (
+    "seq_len",
+    "batch",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "dtype",
+    "causal",
+    "pattern",
+    "device",
+    "driver",
+    "torch",
+    "cudnn",
+)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sweepbench store", description=(
-        "The store of baselines that benchmarks measure before their own timing (attention's T1 and "
-        "reference), kept beyond the sweep per shape, device, driver and software. Default folder: "
-        "$SWEEPBENCH_STORE_DIR, else $XDG_CACHE_HOME/sweepbench/store (~/.cache/...); a sweep's "
-        "store.dir=... names another, store.enabled=false keeps none, store.refresh=true measures afresh, "
-        "store.max_mb caps its size."))
+    parser = argparse.ArgumentParser(
+        prog="sweepbench store",
+        description=(
+            "The store of baselines that benchmarks measure before their own timing (attention's T1 and "
+            "reference), kept beyond the sweep per shape, device, driver and software. Default folder: "
+            "$SWEEPBENCH_STORE_DIR, else $XDG_CACHE_HOME/sweepbench/store (~/.cache/...); a sweep's "
+            "store.dir=... names another, store.enabled=false keeps none, store.refresh=true measures afresh, "
+            "store.max_mb caps its size."
+        ),
+    )
     sub = parser.add_subparsers(dest="action", required=True)
-    for name, what in (("list", "one line per entry: kind, key, when and where measured, size"),
-                       ("clear", "remove every entry (except those a running job holds)")):
+    for name, what in (
+        ("list", "one line per entry: kind, key, when and where measured, size"),
+        ("clear", "remove every entry (except those a running job holds)"),
+    ):
         p = sub.add_parser(name, help=what, description=what)
         p.add_argument("--dir", type=Path, default=None, help=f"the store's folder (default: {default_dir()})")
     return parser
@@ -48,13 +66,16 @@ def _line(e: dict[str, Any]) -> str:
         when = datetime.fromtimestamp(e["mtime"], timezone.utc).isoformat(timespec="seconds")
         return f"{e['kind']}  {e['path'].name}  unreadable or incomplete (modified {when})  {_size(e['bytes'])}"
     key = meta.get("key") if isinstance(meta.get("key"), dict) else {}
-    fields = [k for k in SHOWN if key.get(k) is not None] or [k for k, v in key.items()
-                                                             if not isinstance(v, (dict, list))]
+    fields = [k for k in SHOWN if key.get(k) is not None] or [
+        k for k, v in key.items() if not isinstance(v, (dict, list))
+    ]
     shown = " ".join(f"{k}={key[k]}" for k in fields)
     extra = " ranking" if key.get("ranking") else (f" t1_local={key['t1_local']}" if key.get("t1_local") else "")
     m = meta["measured"]
-    return (f"{e['kind']}  {e['path'].name}  {shown}{extra}  measured {m.get('at')} on {m.get('host')} "
-            f"by {m.get('job') or '-'}  {_size(e['bytes'])}")
+    return (
+        f"{e['kind']}  {e['path'].name}  {shown}{extra}  measured {m.get('at')} on {m.get('host')} "
+        f"by {m.get('job') or '-'}  {_size(e['bytes'])}"
+    )
 
 
 def main(argv: Sequence[str]) -> int:
@@ -71,8 +92,10 @@ def main(argv: Sequence[str]) -> int:
         return 0
     removed = clear(root)
     held = len(entries) - removed
-    print(f"sweepbench store {root}: removed {removed} entries ({_size(sum(e['bytes'] for e in entries))} before)"
-          + (f"; {held} held by a running job, kept" if held else ""))
+    print(
+        f"sweepbench store {root}: removed {removed} entries ({_size(sum(e['bytes'] for e in entries))} before)"
+        + (f"; {held} held by a running job, kept" if held else "")
+    )
     return 0
 
 

@@ -42,9 +42,14 @@ def ops_per_sample(requested: int = 0, *, short_ops: bool) -> int:
 def sampling(*, warmup: int, iters: int, ops_per_sample: int, device: torch.device) -> dict[str, object]:
     """How time_iterations made each sample with these arguments, for metrics.json."""
     one = "one call" if ops_per_sample == 1 else f"time of {ops_per_sample} back-to-back calls / {ops_per_sample}"
-    return {"ops_per_sample": ops_per_sample, "samples": iters, "warmup_calls": warmup,
-            "timer": "cuda events" if device.type == "cuda" else "host clock",
-            "sample": f"{one}, slowest rank", "gc": "collected after warm-up, off while timing"}
+    return {
+        "ops_per_sample": ops_per_sample,
+        "samples": iters,
+        "warmup_calls": warmup,
+        "timer": "cuda events" if device.type == "cuda" else "host clock",
+        "sample": f"{one}, slowest rank",
+        "gc": "collected after warm-up, off while timing",
+    }
 
 
 # fault.kind=slow (launch.faults): every timed iteration of this rank takes this many times as long
@@ -60,6 +65,7 @@ def _slowed(step: Hook, device: torch.device) -> Hook:
     """``step`` followed, inside the timed region, by a wait of (factor - 1) x its own time. The
     wait spins rather than sleeps: a sleep overshoots short iterations (timer slack, waking up on
     a busy machine), a spin adds what it says."""
+
     def slow_step() -> None:
         tic = time.perf_counter()
         step()
@@ -114,8 +120,14 @@ def _batch(step: Hook, k: int) -> Hook:
 
 
 def time_iterations(
-    step: Hook, *, warmup: int, iters: int, device: torch.device,
-    before: Hook = _nothing, after: Hook = _nothing, ops_per_sample: int = 1,
+    step: Hook,
+    *,
+    warmup: int,
+    iters: int,
+    device: torch.device,
+    before: Hook = _nothing,
+    after: Hook = _nothing,
+    ops_per_sample: int = 1,
 ) -> list[float]:
     """Seconds per call of ``step``, one value per sample, of the slowest rank (max over ranks,
     sample by sample).
@@ -131,15 +143,17 @@ def time_iterations(
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _time_iterations(step, warmup=warmup, iters=iters, device=device, before=before, after=after,
-                                ops_per_sample=ops_per_sample)
+        return _time_iterations(
+            step, warmup=warmup, iters=iters, device=device, before=before, after=after, ops_per_sample=ops_per_sample
+        )
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _time_iterations(step: Hook, *, warmup: int, iters: int, device: torch.device, before: Hook, after: Hook,
-                     ops_per_sample: int) -> list[float]:
+def _time_iterations(
+    step: Hook, *, warmup: int, iters: int, device: torch.device, before: Hook, after: Hook, ops_per_sample: int
+) -> list[float]:
     if ops_per_sample > 1:
         if warmup:
             before()

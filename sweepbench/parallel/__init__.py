@@ -25,14 +25,16 @@ _EXPORTS = {
     "STRATEGIES": "strategies",
     **dict.fromkeys(("clear_cache", "execute", "make_executor", "plan_for", "strategy_fanout"), "execute"),
     **dict.fromkeys(("AXES", "Layout", "ModelPlacement", "ShardInfo", "model_layout"), "layout"),
-    **dict.fromkeys(("allocate_shards", "bit_equal", "build_shards", "expected_shard", "fill_box",
-                     "verify_shards"), "materialize"),
+    **dict.fromkeys(
+        ("allocate_shards", "bit_equal", "build_shards", "expected_shard", "fill_box", "verify_shards"), "materialize"
+    ),
     **dict.fromkeys(("DeviceMesh", "MeshPlacement", "parse_spec", "spec_str", "tensor_layout"), "mesh"),
     **dict.fromkeys(("BALANCE", "Plan", "Route", "check_plan", "make_plan"), "plan"),
     "Registry": "registry",
     "RULES": "rules",
-    **dict.fromkeys(("DTYPES", "ModelShape", "ParamSpec", "dtype_name", "model_param_specs", "torch_dtype",
-                     "total_bytes"), "specs"),
+    **dict.fromkeys(
+        ("DTYPES", "ModelShape", "ParamSpec", "dtype_name", "model_param_specs", "torch_dtype", "total_bytes"), "specs"
+    ),
 }
 __all__ = sorted(_EXPORTS)
 

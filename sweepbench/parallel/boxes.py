@@ -102,7 +102,6 @@ def pieces_from_splits(
         per_dim.append(s.segments())
         local_shape.append(s.local_size())
     pieces = tuple(
-        Piece(tuple(g for g, _ in combo), tuple(loc for _, loc in combo))
-        for combo in itertools.product(*per_dim)
+        Piece(tuple(g for g, _ in combo), tuple(loc for _, loc in combo)) for combo in itertools.product(*per_dim)
     )
     return pieces, tuple(local_shape)

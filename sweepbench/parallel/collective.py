@@ -30,7 +30,11 @@ class Broadcast(Executor):
     fanout = True
 
     def __init__(
-        self, plan: Plan, *, group: Any = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        self,
+        plan: Plan,
+        *,
+        group: Any = None,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         local_allgather: bool = False,
     ) -> None:
         self.local_allgather = bool(local_allgather)
@@ -72,23 +76,23 @@ class Broadcast(Executor):
                 c = self._chunk(b)
                 if sender:
                     data = self.pack(i, b, src_shards, pad_to=c * len(b.dsts))
-                    ops += [dist.P2POp(dist.isend, data[k * c:(k + 1) * c], d, self.group)
-                            for k, d in enumerate(b.dsts)]
+                    ops += [
+                        dist.P2POp(dist.isend, data[k * c : (k + 1) * c], d, self.group) for k, d in enumerate(b.dsts)
+                    ]
                 else:
                     k = b.dsts.index(self.rank)
                     target = self.recv_target(i, b, dst_shards, pad_to=c * len(b.dsts))
-                    ops.append(dist.P2POp(dist.irecv, target[k * c:(k + 1) * c], b.src, self.group))
+                    ops.append(dist.P2POp(dist.irecv, target[k * c : (k + 1) * c], b.src, self.group))
                     gathers.append((b, target))
         p2p_wait(ops)
         works = [
-            dist.broadcast(data, src=b.src, group=self.groups[self._members(b)], async_op=True)
-            for b, data in bcasts
+            dist.broadcast(data, src=b.src, group=self.groups[self._members(b)], async_op=True) for b, data in bcasts
         ]
         for b, target in gathers:
             c = self._chunk(b)
             k = b.dsts.index(self.rank)
-            mine = target[k * c:(k + 1) * c].clone()
-            works.append(_all_gather(target[:c * len(b.dsts)], mine, group=self.groups[b.dsts], async_op=True))
+            mine = target[k * c : (k + 1) * c].clone()
+            works.append(_all_gather(target[: c * len(b.dsts)], mine, group=self.groups[b.dsts], async_op=True))
         for w in works:
             if w is not None:
                 w.wait()

@@ -150,7 +150,7 @@ class Executor:
                 return view.view(-1)
         buf = self.buffer((i, 0), max(pad_to, b.numel), first)
         for r, off in zip(b.routes, b.offsets):
-            buf[off:off + box_numel(r.global_box)].view(r.shape).copy_(shards[r.param][box_slices(r.src_box)])
+            buf[off : off + box_numel(r.global_box)].view(r.shape).copy_(shards[r.param][box_slices(r.src_box)])
         return buf
 
     def recv_target(self, i: int, b: Bucket, shards: Shards, pad_to: int = 0) -> torch.Tensor:
@@ -167,7 +167,7 @@ class Executor:
         for r, off in zip(b.routes, b.offsets):
             dst = shards[r.param][box_slices(r.dst_box(self.rank))]
             if dst.data_ptr() != target.data_ptr() or dst.numel() != target.numel():
-                dst.copy_(target[off:off + box_numel(r.global_box)].view(r.shape))
+                dst.copy_(target[off : off + box_numel(r.global_box)].view(r.shape))
 
     def traffic(self) -> tuple[int, int]:
         """(bytes this rank sends, bytes it receives) over the wire, logically."""

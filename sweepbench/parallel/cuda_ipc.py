@@ -25,8 +25,10 @@ Handle = tuple[Any, tuple[Any, ...]]  # (rebuild function, its arguments)
 def require_cuda(what: str, device: torch.device | None = None) -> torch.device:
     """The current CUDA device, or a RuntimeError saying why ``what`` cannot run here."""
     if not torch.cuda.is_available():
-        raise RuntimeError(f"{what} needs CUDA GPUs (CUDA IPC between the GPUs of a node); "
-                           f"torch.cuda.is_available() is False: use send_recv on CPU/gloo")
+        raise RuntimeError(
+            f"{what} needs CUDA GPUs (CUDA IPC between the GPUs of a node); "
+            f"torch.cuda.is_available() is False: use send_recv on CPU/gloo"
+        )
     d = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     if d.type != "cuda":
         raise RuntimeError(f"{what} needs a cuda device, got {d}")
@@ -51,8 +53,9 @@ def open_handles(handles: Mapping[str, Handle]) -> dict[str, torch.Tensor]:
     return {name: fn(*args) for name, (fn, args) in handles.items()}
 
 
-def exchange(tensors: Mapping[str, torch.Tensor], *, wanted_from: set[int],
-             group: Any = None) -> dict[int, dict[str, torch.Tensor]]:
+def exchange(
+    tensors: Mapping[str, torch.Tensor], *, wanted_from: set[int], group: Any = None
+) -> dict[int, dict[str, torch.Tensor]]:
     """Collective: every rank exports ``tensors`` and opens those of the ranks in ``wanted_from``
     (global ranks, never itself). Returns peer -> name -> view of the peer's tensor."""
     everyone: list[Any] = [None] * dist.get_world_size()

@@ -48,9 +48,11 @@ Degrees = Mapping[str, int]
 
 def _megatron_layouts(train: Degrees, infer: Degrees) -> str | None:
     if max(train["ep"], infer["ep"]) > 1:
-        return ("benchmark.impl=megatron does not support ep>1: megatron-core matches experts across layouts by "
-                "Transformer Engine's per-expert weight names, and its local layer spec (SequentialMLP) has none, "
-                "so experts land on the wrong ranks (the check fails); use ep1 layouts or impl=sweepbench")
+        return (
+            "benchmark.impl=megatron does not support ep>1: megatron-core matches experts across layouts by "
+            "Transformer Engine's per-expert weight names, and its local layer spec (SequentialMLP) has none, "
+            "so experts land on the wrong ranks (the check fails); use ep1 layouts or impl=sweepbench"
+        )
     return None
 
 
@@ -67,7 +69,9 @@ def missing(impl: str) -> str | None:
         found = importlib.util.find_spec(need[0]) is not None
     except ImportError:  # the parent package is missing (or an import hook refuses it)
         found = False
-    return None if found else f"benchmark.impl={impl} needs {need[0]}, which is not installed; install it with: {need[1]}"
+    return (
+        None if found else f"benchmark.impl={impl} needs {need[0]}, which is not installed; install it with: {need[1]}"
+    )
 
 
 def check_impl(impl: str, train: Degrees, infer: Degrees) -> None:

@@ -107,8 +107,10 @@ class IpcPull(SendRecv):
         if self.peers is None:
             self._open(src_shards, dst_shards)
         elif any(src_shards[n].data_ptr() != p for n, p in self.source_ptrs.items()):
-            raise RuntimeError("strategy 'ipc' opened the source shards of its first run; pass the same "
-                               "tensors (updated in place) on every run")
+            raise RuntimeError(
+                "strategy 'ipc' opened the source shards of its first run; pass the same "
+                "tensors (updated in place) on every run"
+            )
         assert self.peers is not None
         self._pack(src_shards)
         self._barrier()

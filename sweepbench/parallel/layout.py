@@ -99,9 +99,7 @@ class Layout:
         return _owners(self, name)
 
     def local_bytes(self, rank: int) -> int:
-        return sum(
-            math.prod(s.local_shape) * self.param(n).itemsize for n, s in self.shards(rank).items()
-        )
+        return sum(math.prod(s.local_shape) * self.param(n).itemsize for n, s in self.shards(rank).items())
 
 
 @functools.lru_cache(maxsize=256)
@@ -178,9 +176,7 @@ class ModelPlacement:
 
 def _check_degree(axis: str, value: int, what: str, n: int, valid: Sequence[int]) -> None:
     if n % value:
-        raise ValueError(
-            f"{axis}={value} must divide {what}={n} (valid {axis}: {', '.join(map(str, valid))})"
-        )
+        raise ValueError(f"{axis}={value} must divide {what}={n} (valid {axis}: {', '.join(map(str, valid))})")
 
 
 def model_layout(
@@ -203,10 +199,17 @@ def model_layout(
             raise ValueError(f"{axis}={value!r} must be a positive integer")
     if sorted(order) != sorted(AXES):
         raise ValueError(f"order={list(order)} must be a permutation of {list(AXES)}")
-    tp_ok = [d for d in _divisors(m.num_heads)
-             if m.num_kv_heads % d == 0 and m.ffn_hidden_size % d == 0 and m.vocab_size % d == 0]
-    for what, n in (("num_heads", m.num_heads), ("num_kv_heads", m.num_kv_heads),
-                    ("ffn_hidden_size", m.ffn_hidden_size), ("vocab_size", m.vocab_size)):
+    tp_ok = [
+        d
+        for d in _divisors(m.num_heads)
+        if m.num_kv_heads % d == 0 and m.ffn_hidden_size % d == 0 and m.vocab_size % d == 0
+    ]
+    for what, n in (
+        ("num_heads", m.num_heads),
+        ("num_kv_heads", m.num_kv_heads),
+        ("ffn_hidden_size", m.ffn_hidden_size),
+        ("vocab_size", m.vocab_size),
+    ):
         _check_degree("tp", tp, what, n, tp_ok)
     _check_degree("pp", pp, "num_layers", m.num_layers, _divisors(m.num_layers))
     if ep > 1 and not m.is_moe:

@@ -25,8 +25,10 @@ def parse_layout(text: str, *, key: str) -> dict[str, int]:
         seen.add(m.group(1))
         pos = m.end()
     if not text or pos != len(text):
-        raise ValueError(f"{key}={text!r} is not a layout; write degrees like tp4, tp2pp2, ep4 "
-                         f"(axes {', '.join(AXES)}, each once, degrees >= 1)")
+        raise ValueError(
+            f"{key}={text!r} is not a layout; write degrees like tp4, tp2pp2, ep4 "
+            f"(axes {', '.join(AXES)}, each once, degrees >= 1)"
+        )
     return degrees
 
 

@@ -19,8 +19,7 @@ from sweepbench.measure.timing import time_iterations
 
 def _ring_step(send: torch.Tensor, recv: torch.Tensor, rank: int, world: int):
     def step() -> None:
-        ops = [dist.P2POp(dist.isend, send, (rank + 1) % world),
-               dist.P2POp(dist.irecv, recv, (rank - 1) % world)]
+        ops = [dist.P2POp(dist.isend, send, (rank + 1) % world), dist.P2POp(dist.irecv, recv, (rank - 1) % world)]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
 
@@ -37,23 +36,25 @@ def probe_links(*, nbytes: int, device: torch.device, warmup: int = 2, iters: in
     numel = nbytes // 4
     send = torch.full((numel,), float(rank + 1), device=device)
     recv = torch.zeros(numel, device=device)
-    p2p = summarize(time_iterations(_ring_step(send, recv, rank, world), warmup=warmup, iters=iters,
-                                    device=device))
+    p2p = summarize(time_iterations(_ring_step(send, recv, rank, world), warmup=warmup, iters=iters, device=device))
     assert torch.all(recv == float((rank - 1) % world + 1)), "link probe: p2p data arrived wrong"
     buf = torch.full((numel,), 7.0, device=device) if rank == 0 else torch.zeros(numel, device=device)
-    bcast = summarize(time_iterations(lambda: dist.broadcast(buf, src=0), warmup=warmup, iters=iters,
-                                      device=device))
+    bcast = summarize(time_iterations(lambda: dist.broadcast(buf, src=0), warmup=warmup, iters=iters, device=device))
     assert torch.all(buf == 7.0), "link probe: broadcast data arrived wrong"
-    out = {"p2p_gbps": nbytes / p2p["median_s"] / 1e9, "broadcast_gbps": nbytes / bcast["median_s"] / 1e9,
-           "probe_bytes": nbytes}
+    out = {
+        "p2p_gbps": nbytes / p2p["median_s"] / 1e9,
+        "broadcast_gbps": nbytes / bcast["median_s"] / 1e9,
+        "probe_bytes": nbytes,
+    }
     if device.type == "cuda":
         out["copy_gbps"] = _probe_copy(send, recv, rank, world, device, warmup, iters)
     out["link_gbps"] = max(out["p2p_gbps"], out.get("copy_gbps", 0.0))
     return out
 
 
-def _probe_copy(send: torch.Tensor, recv: torch.Tensor, rank: int, world: int, device: torch.device,
-                warmup: int, iters: int) -> float:
+def _probe_copy(
+    send: torch.Tensor, recv: torch.Tensor, rank: int, world: int, device: torch.device, warmup: int, iters: int
+) -> float:
     """GB/s of a ring of peer pulls (rank r copies rank r+1's buffer into its own), among the ranks
     of this rank's node: the copy-engine ceiling of a rank's ingress and egress. 0 when the next
     rank is on another node (no IPC there)."""

@@ -45,7 +45,7 @@ def _salt(seed: int, name: str) -> int:
 
 def _values(shape: tuple[int, ...], box: Box, salt: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """value = (mix((i & M31) ^ mix((i >> 31) ^ salt)) % 255 - 127) / 64 for flat index i."""
-    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
     x = torch.zeros(box_shape(box), dtype=torch.int64, device=device)
     for d, (a, b) in enumerate(box):
         view = [1] * len(box)
@@ -69,20 +69,25 @@ def fill_box(out: torch.Tensor, shape: tuple[int, ...], global_box: Box, *, seed
         out.copy_(_values(shape, global_box, salt, out.dtype, out.device))
         return
     # the first dim d whose trailing block fits in a chunk: loop over dims < d, chunk dim d
-    d = next(i for i in range(len(ext)) if math.prod(ext[i + 1:]) <= CHUNK_ELEMS)
-    step = max(1, CHUNK_ELEMS // max(1, math.prod(ext[d + 1:])))
+    d = next(i for i in range(len(ext)) if math.prod(ext[i + 1 :]) <= CHUNK_ELEMS)
+    step = max(1, CHUNK_ELEMS // max(1, math.prod(ext[d + 1 :])))
     for head in itertools.product(*(range(n) for n in ext[:d])):
         for lo in range(0, ext[d], step):
             hi = min(ext[d], lo + step)
             gbox = tuple((global_box[i][0] + j, global_box[i][0] + j + 1) for i, j in enumerate(head))
-            gbox += ((global_box[d][0] + lo, global_box[d][0] + hi),) + global_box[d + 1:]
+            gbox += ((global_box[d][0] + lo, global_box[d][0] + hi),) + global_box[d + 1 :]
             local = tuple(slice(j, j + 1) for j in head) + (slice(lo, hi),)
             out[local].copy_(_values(shape, gbox, salt, out.dtype, out.device))
 
 
 def expected_shard(
-    layout: Layout, rank: int, name: str, *, seed: int,
-    dtype: str | torch.dtype | None = None, device: str | torch.device = "cpu",
+    layout: Layout,
+    rank: int,
+    name: str,
+    *,
+    seed: int,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device = "cpu",
 ) -> torch.Tensor:
     """The exact local shard of ``name`` that ``rank`` holds under ``layout``."""
     spec = layout.param(name)
@@ -96,20 +101,27 @@ def expected_shard(
 
 
 def build_shards(
-    layout: Layout, rank: int, *, seed: int,
-    dtype: str | torch.dtype | None = None, device: str | torch.device = "cpu",
+    layout: Layout,
+    rank: int,
+    *,
+    seed: int,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device = "cpu",
 ) -> dict[str, torch.Tensor]:
     """param name -> deterministic local shard for every param ``rank`` holds (dtype
     defaults to each param's own dtype)."""
     return {
-        name: expected_shard(layout, rank, name, seed=seed, dtype=dtype, device=device)
-        for name in layout.shards(rank)
+        name: expected_shard(layout, rank, name, seed=seed, dtype=dtype, device=device) for name in layout.shards(rank)
     }
 
 
 def allocate_shards(
-    layout: Layout, rank: int, *, dtype: str | torch.dtype | None = None,
-    device: str | torch.device = "cpu", fill: float | None = None,
+    layout: Layout,
+    rank: int,
+    *,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    fill: float | None = None,
 ) -> dict[str, torch.Tensor]:
     """Destination buffers for ``rank`` (uninitialised, or filled with ``fill``, e.g. nan)."""
     out = {}
@@ -130,9 +142,7 @@ def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a.contiguous().view(iv), b.contiguous().view(iv)))
 
 
-def verify_shards(
-    layout: Layout, rank: int, shards: Mapping[str, torch.Tensor], *, seed: int
-) -> list[str]:
+def verify_shards(layout: Layout, rank: int, shards: Mapping[str, torch.Tensor], *, seed: int) -> list[str]:
     """Bit-exact check of ``rank``'s shards against the expected slices of the source
     weights; returns one line per problem (empty list = all good)."""
     problems = []

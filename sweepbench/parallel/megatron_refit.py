@@ -47,9 +47,19 @@ except ImportError as e:  # the extra is not installed: one line naming the inst
 
 # pg_collection field -> the layout axes its groups span (megatron's own test builds the same)
 GROUPS: dict[str, tuple[str, ...]] = {
-    "tp": ("tp",), "cp": ("cp",), "pp": ("pp",), "ep": ("ep",), "dp": ("dp",), "tp_cp": ("tp", "cp"),
-    "mp": ("tp", "cp", "ep", "pp"), "tp_ep": ("tp", "ep"), "tp_ep_pp": ("tp", "ep", "pp"),
-    "dp_cp": ("cp", "dp"), "tp_dp_cp": ("tp", "cp", "dp"), "expt_tp": ("tp",), "expt_dp": ("dp",),
+    "tp": ("tp",),
+    "cp": ("cp",),
+    "pp": ("pp",),
+    "ep": ("ep",),
+    "dp": ("dp",),
+    "tp_cp": ("tp", "cp"),
+    "mp": ("tp", "cp", "ep", "pp"),
+    "tp_ep": ("tp", "ep"),
+    "tp_ep_pp": ("tp", "ep", "pp"),
+    "dp_cp": ("cp", "dp"),
+    "tp_dp_cp": ("tp", "cp", "dp"),
+    "expt_tp": ("tp",),
+    "expt_dp": ("dp",),
 }
 _EXPERT = re.compile(r"local_experts\.(\d+)\.")
 
@@ -87,20 +97,39 @@ def build_pg_collection(layout: Layout, rank: int) -> ProcessGroupCollection | N
 
 def _config(m: ModelShape, layout: Layout, device: torch.device) -> TransformerConfig:
     pl = layout.placement
-    moe = {"num_moe_experts": m.num_experts, "moe_ffn_hidden_size": m.ffn_hidden_size,
-           "moe_router_topk": m.moe_top_k} if m.is_moe else {}
+    moe = (
+        {"num_moe_experts": m.num_experts, "moe_ffn_hidden_size": m.ffn_hidden_size, "moe_router_topk": m.moe_top_k}
+        if m.is_moe
+        else {}
+    )
     return TransformerConfig(
-        num_layers=m.num_layers, hidden_size=m.hidden_size, num_attention_heads=m.num_heads,
-        num_query_groups=m.num_kv_heads, ffn_hidden_size=m.ffn_hidden_size, kv_channels=m.head_dim,
-        tensor_model_parallel_size=pl.tp, pipeline_model_parallel_size=pl.pp,
-        expert_model_parallel_size=pl.ep, context_parallel_size=pl.cp,
-        params_dtype=torch_dtype(m.dtype), pipeline_dtype=torch_dtype(m.dtype),
-        normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
-        hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=device.type != "cuda",
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        num_attention_heads=m.num_heads,
+        num_query_groups=m.num_kv_heads,
+        ffn_hidden_size=m.ffn_hidden_size,
+        kv_channels=m.head_dim,
+        tensor_model_parallel_size=pl.tp,
+        pipeline_model_parallel_size=pl.pp,
+        expert_model_parallel_size=pl.ep,
+        context_parallel_size=pl.cp,
+        params_dtype=torch_dtype(m.dtype),
+        pipeline_dtype=torch_dtype(m.dtype),
+        normalization="RMSNorm",
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_cpu_initialization=device.type != "cuda",
         # megatron's layers set the TP attributes the planner reads (partition_dim, stride) only in
         # their initialisation path: run it, with an init that leaves the weights alone (we fill them)
-        perform_initialization=True, init_method=_keep, output_layer_init_method=_keep,
-        embedding_init_method=_keep, **moe)
+        perform_initialization=True,
+        init_method=_keep,
+        output_layer_init_method=_keep,
+        embedding_init_method=_keep,
+        **moe,
+    )
 
 
 def _keep(weight: torch.Tensor) -> None:
@@ -146,10 +175,17 @@ def build_model(m: ModelShape, layout: Layout, rank: int, device: torch.device) 
         return _Absent(config)
     stage, stages = pgs.pp.rank(), pgs.pp.size()
     spec = get_gpt_layer_local_spec(num_experts=m.num_experts or None, normalization="RMSNorm")
-    model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=m.vocab_size,
-                     max_sequence_length=max(m.seq_len, 1), pre_process=stage == 0,
-                     post_process=stage == stages - 1, share_embeddings_and_output_weights=False,
-                     position_embedding_type="rope", pg_collection=pgs)
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=m.vocab_size,
+        max_sequence_length=max(m.seq_len, 1),
+        pre_process=stage == 0,
+        post_process=stage == stages - 1,
+        share_embeddings_and_output_weights=False,
+        position_embedding_type="rope",
+        pg_collection=pgs,
+    )
     return model.to(device)
 
 
@@ -167,11 +203,11 @@ def canonical_boxes(model: torch.nn.Module) -> dict[str, tuple[str, tuple[int, .
     out = {}
     for name, p in model.named_parameters():
         head = ".".join(name.split(".")[:3])
-        cname = layer_base.get(head, head) + name[len(head):] if head in layer_base else name
+        cname = layer_base.get(head, head) + name[len(head) :] if head in layer_base else name
         expert = _EXPERT.search(cname)
         if expert:
             gidx = ep_rank * (num_experts // ep) + int(expert.group(1))
-            cname = cname[:expert.start()] + f"local_experts.{gidx}." + cname[expert.end():]
+            cname = cname[: expert.start()] + f"local_experts.{gidx}." + cname[expert.end() :]
         shape = list(p.shape)
         pieces: list[tuple[Box, Box]] = [(tuple((0, n) for n in shape), tuple((0, n) for n in shape))]
         if getattr(p, "tensor_model_parallel", False):
@@ -191,8 +227,9 @@ def canonical_boxes(model: torch.nn.Module) -> dict[str, tuple[str, tuple[int, .
     return out
 
 
-def _expected(p: torch.Tensor, cname: str, shape: tuple[int, ...], pieces: list[tuple[Box, Box]],
-              seed: int) -> torch.Tensor:
+def _expected(
+    p: torch.Tensor, cname: str, shape: tuple[int, ...], pieces: list[tuple[Box, Box]], seed: int
+) -> torch.Tensor:
     out = torch.empty_like(p)
     for loc, glob in pieces:
         fill_box(out[box_slices(loc)], shape, glob, seed=seed, name=cname)
@@ -228,8 +265,9 @@ class _HostGlooCopyService(GlooCopyService):
 class MegatronTransfer:
     """Both models on this rank, megatron's copy service, and our fill / check of the weights."""
 
-    def __init__(self, src: Layout, dst: Layout, *, model: Any, backend: str, rank: int,
-                 device: torch.device, seed: int) -> None:
+    def __init__(
+        self, src: Layout, dst: Layout, *, model: Any, backend: str, rank: int, device: torch.device, seed: int
+    ) -> None:
         m = ModelShape.from_config(model)
         self.seed, self.rank = seed, rank
         self.src_model = build_model(m, src, rank, device)
@@ -260,8 +298,9 @@ class MegatronTransfer:
             want = _expected(p, cname, shape, pieces, self.seed)
             if not bit_equal(p.detach(), want):
                 bad = int((p.detach().float() != want.float()).sum())
-                problems.append(f"rank {self.rank}: megatron {name!r} ({cname}) differs "
-                                f"({bad} of {want.numel()} elements)")
+                problems.append(
+                    f"rank {self.rank}: megatron {name!r} ({cname}) differs ({bad} of {want.numel()} elements)"
+                )
         return problems
 
     def traffic(self) -> tuple[int, int]:
@@ -282,6 +321,7 @@ class MegatronTransfer:
 
 
 @IMPLS.register("megatron")
-def build(src: Layout, dst: Layout, *, model: Any, backend: str, rank: int, device: torch.device,
-          seed: int, **_: Any) -> MegatronTransfer:
+def build(
+    src: Layout, dst: Layout, *, model: Any, backend: str, rank: int, device: torch.device, seed: int, **_: Any
+) -> MegatronTransfer:
     return MegatronTransfer(src, dst, model=model, backend=backend, rank=rank, device=device, seed=seed)

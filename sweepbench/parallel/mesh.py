@@ -111,7 +111,9 @@ def tensor_layout(
     used = [a for axes in dims for a in axes]
     for a in used:
         if not 0 <= a < len(m.shape):
-            raise ValueError(f"spec {shown!r} uses mesh axis {a} but mesh shape {m.shape} has axes 0..{len(m.shape) - 1}")
+            raise ValueError(
+                f"spec {shown!r} uses mesh axis {a} but mesh shape {m.shape} has axes 0..{len(m.shape) - 1}"
+            )
     if len(set(used)) != len(used):
         raise ValueError(f"spec {shown!r} uses a mesh axis more than once")
     for d, axes in enumerate(dims):

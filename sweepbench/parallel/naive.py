@@ -46,8 +46,9 @@ class Naive(Executor):
                 ops.append(dist.P2POp(dist.irecv, tmp, holder, self.group))
                 pending.append((name, box, tmp))
             elif self.rank == holder:
-                ops.append(dist.P2POp(dist.isend, src_shards[name][box_slices(lbox)].contiguous(),
-                                      self.root, self.group))
+                ops.append(
+                    dist.P2POp(dist.isend, src_shards[name][box_slices(lbox)].contiguous(), self.root, self.group)
+                )
         p2p_wait(ops)
         for name, box, tmp in pending:
             full[name][box_slices(box)].copy_(tmp)

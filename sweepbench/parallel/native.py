@@ -16,8 +16,18 @@ class NativeTransfer:
     """Source shards built from the seed on the source ranks, destination buffers on the
     destination ranks, and the strategy's executor for the plan."""
 
-    def __init__(self, src: Layout, dst: Layout, *, strategy: str, options: dict[str, Any], balance: str,
-                 rank: int, device: torch.device, seed: int) -> None:
+    def __init__(
+        self,
+        src: Layout,
+        dst: Layout,
+        *,
+        strategy: str,
+        options: dict[str, Any],
+        balance: str,
+        rank: int,
+        device: torch.device,
+        seed: int,
+    ) -> None:
         self.dst, self.rank, self.seed, self.method = dst, rank, seed, strategy
         self.plan = plan_for(src, dst, strategy=strategy, balance=balance)
         self.plan_digest = self.plan.digest
@@ -40,7 +50,18 @@ class NativeTransfer:
 
 
 @IMPLS.register("sweepbench")
-def build(src: Layout, dst: Layout, *, strategy: str, options: dict[str, Any], balance: str, rank: int,
-          device: torch.device, seed: int, **_: Any) -> NativeTransfer:
-    return NativeTransfer(src, dst, strategy=strategy, options=options, balance=balance, rank=rank,
-                          device=device, seed=seed)
+def build(
+    src: Layout,
+    dst: Layout,
+    *,
+    strategy: str,
+    options: dict[str, Any],
+    balance: str,
+    rank: int,
+    device: torch.device,
+    seed: int,
+    **_: Any,
+) -> NativeTransfer:
+    return NativeTransfer(
+        src, dst, strategy=strategy, options=options, balance=balance, rank=rank, device=device, seed=seed
+    )

@@ -28,8 +28,9 @@ class SendRecv(Executor):
             for b, target in recvs:
                 self.unpack(b, target, dst_shards)
 
-    def _issue(self, stage: list[int], src_shards: Shards,
-               dst_shards: Shards) -> tuple[list[tuple[Bucket, torch.Tensor]], list[dist.Work]]:
+    def _issue(
+        self, stage: list[int], src_shards: Shards, dst_shards: Shards
+    ) -> tuple[list[tuple[Bucket, torch.Tensor]], list[dist.Work]]:
         """Pack this rank's buckets of ``stage`` and issue them as one batched send/recv."""
         ops: list[dist.P2POp] = []
         recvs: list[tuple[Bucket, torch.Tensor]] = []

@@ -124,11 +124,17 @@ class Plan:
 
     def summary(self) -> dict[str, object]:
         return {
-            "src": self.src.describe(), "dst": self.dst.describe(), "balance": self.balance,
-            "fanout": self.fanout, "routes": len(self.routes), "model_bytes": self.model_bytes,
-            "moved_bytes": self.moved_bytes, "local_bytes": self.local_bytes,
+            "src": self.src.describe(),
+            "dst": self.dst.describe(),
+            "balance": self.balance,
+            "fanout": self.fanout,
+            "routes": len(self.routes),
+            "model_bytes": self.model_bytes,
+            "moved_bytes": self.moved_bytes,
+            "local_bytes": self.local_bytes,
             "max_send_bytes": max(self.send_bytes.values(), default=0),
-            "max_recv_bytes": max(self.recv_bytes.values(), default=0), "digest": self.digest,
+            "max_recv_bytes": max(self.recv_bytes.values(), default=0),
+            "digest": self.digest,
         }
 
 
@@ -138,8 +144,7 @@ def _check_compatible(src: Layout, dst: Layout) -> None:
     if s != d:
         bad = sorted(set(s) ^ set(d)) or sorted(n for n in s if s[n] != d[n])
         raise ValueError(
-            f"src and dst layouts hold different params (first: {bad[0]!r}: "
-            f"src {s.get(bad[0])} vs dst {d.get(bad[0])})"
+            f"src and dst layouts hold different params (first: {bad[0]!r}: src {s.get(bad[0])} vs dst {d.get(bad[0])})"
         )
 
 
@@ -188,8 +193,11 @@ def check_plan(plan: Plan) -> None:
     by_shard: dict[tuple[int, str], list[Box]] = defaultdict(list)
     for r in plan.routes:
         held = plan.src.shards(r.src)[r.param]
-        assert any(Piece(p.global_box, p.local_box).to_local(r.global_box) == r.src_box
-                   and intersect(p.global_box, r.global_box) == r.global_box for p in held.pieces), r
+        assert any(
+            Piece(p.global_box, p.local_box).to_local(r.global_box) == r.src_box
+            and intersect(p.global_box, r.global_box) == r.global_box
+            for p in held.pieces
+        ), r
         for rank, box in r.dsts:
             by_shard[(rank, r.param)].append(box)
     for rank in plan.dst.ranks:
@@ -198,5 +206,5 @@ def check_plan(plan: Plan) -> None:
             total = box_numel(tuple((0, n) for n in info.local_shape))
             assert sum(box_numel(b) for b in boxes) == total, (rank, name)
             for i, a in enumerate(boxes):
-                assert all(intersect(a, b) is None for b in boxes[i + 1:]), (rank, name, a)
+                assert all(intersect(a, b) is None for b in boxes[i + 1 :]), (rank, name, a)
     assert not by_shard, f"routes to shards the dst layout does not have: {sorted(by_shard)[:3]}"

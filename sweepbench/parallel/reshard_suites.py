@@ -25,8 +25,10 @@ from sweepbench.parallel.specs import DTYPES, dtype_name
 _MESH = r"[1-9][0-9]*(?:x[1-9][0-9]*)*"
 _SPEC = r"(?:R|S[0-9]+)+"
 _CASE = re.compile(rf"({_MESH})_({_SPEC})_to_({_MESH})_({_SPEC})")
-CASE_GRAMMAR = ("<src mesh>_<src spec>_to_<dst mesh>_<dst spec>, e.g. 2x2_S0R_to_1x4_RS1 "
-                "(mesh: sizes joined by x; spec: R or S<mesh axes> per tensor dim)")
+CASE_GRAMMAR = (
+    "<src mesh>_<src spec>_to_<dst mesh>_<dst spec>, e.g. 2x2_S0R_to_1x4_RS1 "
+    "(mesh: sizes joined by x; spec: R or S<mesh axes> per tensor dim)"
+)
 
 
 def mesh_str(shape: tuple[int, ...]) -> str:
@@ -64,6 +66,7 @@ class Case:
     def parts(self, dim: int) -> int:
         """Number of parts either side splits ``dim`` into, lcm'd: every dim of the tensor is a
         multiple of it. (Axes beyond a mesh count 1 here; tensor_layout reports them.)"""
+
         def split(mesh: tuple[int, ...], spec: str) -> int:
             axes = parse_spec(spec)[dim]
             return math.prod(mesh[a] if a < len(mesh) else 1 for a in axes)
@@ -83,14 +86,18 @@ class Case:
         dims.append(rem // divs[-1] * divs[-1])
         if dims[-1] == 0:
             need = math.prod(divs) * itemsize
-            raise ValueError(f"benchmark.tensor_bytes={tensor_bytes} is too small for case {self.name} "
-                             f"(it splits a {dtype} tensor {'x'.join(map(str, divs))} ways: "
-                             f"at least {need} bytes)")
+            raise ValueError(
+                f"benchmark.tensor_bytes={tensor_bytes} is too small for case {self.name} "
+                f"(it splits a {dtype} tensor {'x'.join(map(str, divs))} ways: "
+                f"at least {need} bytes)"
+            )
         return tuple(dims)
 
     def layouts(self, shape: tuple[int, ...], dtype: str) -> tuple[Layout, Layout]:
-        return (tensor_layout(shape, DeviceMesh.of(self.src_ranks, self.src_mesh), self.src_spec, dtype=dtype),
-                tensor_layout(shape, DeviceMesh.of(self.dst_ranks, self.dst_mesh), self.dst_spec, dtype=dtype))
+        return (
+            tensor_layout(shape, DeviceMesh.of(self.src_ranks, self.src_mesh), self.src_spec, dtype=dtype),
+            tensor_layout(shape, DeviceMesh.of(self.dst_ranks, self.dst_mesh), self.dst_spec, dtype=dtype),
+        )
 
 
 def parse_case(text: str, *, key: str) -> Case:
@@ -100,8 +107,10 @@ def parse_case(text: str, *, key: str) -> Case:
     src_mesh, src_spec, dst_mesh, dst_spec = m.groups()
     case = Case(tuple(map(int, src_mesh.split("x"))), src_spec, tuple(map(int, dst_mesh.split("x"))), dst_spec)
     if len(parse_spec(src_spec)) != len(parse_spec(dst_spec)):
-        raise ValueError(f"{key} contains {text!r}: source spec {src_spec} and destination spec {dst_spec} "
-                         f"have different numbers of tensor dims")
+        raise ValueError(
+            f"{key} contains {text!r}: source spec {src_spec} and destination spec {dst_spec} "
+            f"have different numbers of tensor dims"
+        )
     return case
 
 
@@ -143,8 +152,10 @@ def n_to_m(b: Any) -> list[Case]:
     ``balance`` decides who sends). At most 2n ranks."""
     n = b.mesh_ranks
     if not isinstance(n, int) or n < 2 or n % 2:
-        raise ValueError(f"benchmark.mesh_ranks={n} must be an even number >= 2 "
-                         f"(n_to_m uses meshes of mesh_ranks and mesh_ranks/2 ranks)")
+        raise ValueError(
+            f"benchmark.mesh_ranks={n} must be an even number >= 2 "
+            f"(n_to_m uses meshes of mesh_ranks and mesh_ranks/2 ranks)"
+        )
     h, grid = n // 2, (2, n // 2)
     return [
         Case((n,), "S0R", (n,), "RS0"),

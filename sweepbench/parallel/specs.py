@@ -89,20 +89,15 @@ class ModelShape:
     seq_len: int = 0
 
     def __post_init__(self) -> None:
-        for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
-                      "ffn_hidden_size", "vocab_size"):
+        for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size"):
             if int(getattr(self, field)) < 1:
                 raise ValueError(f"model {field}={getattr(self, field)} must be >= 1")
         if self.num_experts < 0:
             raise ValueError(f"model num_experts={self.num_experts} must be >= 0 (0 = dense)")
         if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"model hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}"
-            )
+            raise ValueError(f"model hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"model num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}"
-            )
+            raise ValueError(f"model num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}")
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
 
     @classmethod
@@ -143,8 +138,7 @@ def model_param_specs(cfg: Any) -> tuple[ParamSpec, ...]:
     for i in range(m.num_layers):
         p = f"layers.{i}."
 
-        def layer(name: str, shape: tuple[int, ...], rule: str,
-                  meta: tuple[tuple[str, int], ...] = ()) -> ParamSpec:
+        def layer(name: str, shape: tuple[int, ...], rule: str, meta: tuple[tuple[str, int], ...] = ()) -> ParamSpec:
             return ParamSpec(p + name, shape, dt, rule, "layer", i, meta)  # noqa: B023 (called at once)
 
         specs += [

@@ -11,8 +11,14 @@ if TYPE_CHECKING:
     from .comm import Executor
 
 STRATEGIES: Registry[type[Executor]] = Registry("strategy")
-_MODULES = {"send_recv": "p2p", "pipeline": "p2p", "ipc": "ipc", "broadcast": "collective", "naive": "naive",
-            "nvshmem": "symm"}
+_MODULES = {
+    "send_recv": "p2p",
+    "pipeline": "p2p",
+    "ipc": "ipc",
+    "broadcast": "collective",
+    "naive": "naive",
+    "nvshmem": "symm",
+}
 for _name, _module in _MODULES.items():
     STRATEGIES.declare(_name, f"{__package__}.{_module}")
 

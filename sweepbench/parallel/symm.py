@@ -63,8 +63,13 @@ def _staging(symm_mem: Any, group: Any, device: torch.device, size: int) -> tupl
 @STRATEGIES.register("nvshmem")
 class SymmetricPull(Executor):
     def __init__(
-        self, plan: Plan, *, group: Any = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-        symm_backend: str = "NVSHMEM", device: str | torch.device | None = None,
+        self,
+        plan: Plan,
+        *,
+        group: Any = None,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        symm_backend: str = "NVSHMEM",
+        device: str | torch.device | None = None,
     ) -> None:
         self.symm_backend = symm_backend
         self.device_arg = device
@@ -103,7 +108,7 @@ class SymmetricPull(Executor):
         nbytes = b.numel * like.element_size()
         raw: torch.Tensor
         if peer is None:
-            raw = self.staging[off:off + nbytes]
+            raw = self.staging[off : off + nbytes]
         else:
             raw = self.handle.get_buffer(self.peer[peer], (nbytes,), torch.uint8, storage_offset=off)
         return raw.view(like.dtype)
@@ -118,7 +123,7 @@ class SymmetricPull(Executor):
                 staged = self._view(b, base, like)
                 for r, off in zip(b.routes, b.offsets):
                     n = r.nbytes // like.element_size()
-                    staged[off:off + n].view(r.shape).copy_(src_shards[r.param][box_slices(r.src_box)])
+                    staged[off : off + n].view(r.shape).copy_(src_shards[r.param][box_slices(r.src_box)])
         self._barrier()
         for b, base in self.mine:
             if self.rank in b.dsts:

@@ -51,8 +51,10 @@ def check_transfer_options(b: Any, *, backend: str) -> None:
     can run it), balance, bucket_bytes."""
     if b.strategy not in STRATEGIES or b.strategy in BACKEND_STRATEGY.values():
         valid = [s for s in STRATEGIES if s not in BACKEND_STRATEGY.values()]
-        raise ValueError(f"benchmark.strategy={b.strategy!r}; valid: {', '.join(valid)} "
-                         f"(the nvshmem transport is chosen with backend=nvshmem)")
+        raise ValueError(
+            f"benchmark.strategy={b.strategy!r}; valid: {', '.join(valid)} "
+            f"(the nvshmem transport is chosen with backend=nvshmem)"
+        )
     if b.balance not in BALANCE:
         raise ValueError(f"benchmark.balance={b.balance!r}; valid: {', '.join(BALANCE)}")
     if b.bucket_bytes < 1:
@@ -65,8 +67,10 @@ def check_strategy_backend(strategy: str, backend: str) -> None:
     """A GPU-only strategy (CUDA IPC, symmetric memory) on gloo is refused, as backend=nvshmem is
     without a GPU. ``backend`` is the resolved one (never ``auto``)."""
     if strategy in GPU_ONLY and backend == "gloo":
-        raise ValueError(f"benchmark.strategy={strategy} needs GPUs (it moves bytes between GPU memories), but "
-                         f"the backend is gloo; use send_recv or pipeline on CPU, or backend=nccl on GPUs")
+        raise ValueError(
+            f"benchmark.strategy={strategy} needs GPUs (it moves bytes between GPU memories), but "
+            f"the backend is gloo; use send_recv or pipeline on CPU, or backend=nccl on GPUs"
+        )
 
 
 def transfer_strategy(backend: str, strategy: str) -> str:
@@ -85,8 +89,9 @@ class TimedTransfer:
     verified: bool
 
 
-def time_transfer(src: Layout, dst: Layout, *, ctx: RankContext, cfg: Any, strategy: str,
-                  label: str, impl: str = "sweepbench") -> TimedTransfer:
+def time_transfer(
+    src: Layout, dst: Layout, *, ctx: RankContext, cfg: Any, strategy: str, label: str, impl: str = "sweepbench"
+) -> TimedTransfer:
     """Every rank of the default group calls this with the same layouts; ``cfg`` is the
     benchmark config (balance, bucket_bytes, seed, warmup, iters, local_allgather)."""
     import torch.distributed as dist
@@ -95,21 +100,40 @@ def time_transfer(src: Layout, dst: Layout, *, ctx: RankContext, cfg: Any, strat
     from sweepbench.parallel.impls import IMPLS
 
     options = STRATEGY_OPTIONS.get(strategy, lambda c, d: {})(cfg, ctx.device)
-    transfer = IMPLS.get(impl)(src, dst, model=ctx.cfg.model, strategy=strategy,
-                               options={"bucket_bytes": cfg.bucket_bytes, **options}, balance=cfg.balance,
-                               backend=ctx.backend, rank=ctx.rank, device=ctx.device, seed=cfg.seed)
+    transfer = IMPLS.get(impl)(
+        src,
+        dst,
+        model=ctx.cfg.model,
+        strategy=strategy,
+        options={"bucket_bytes": cfg.bucket_bytes, **options},
+        balance=cfg.balance,
+        backend=ctx.backend,
+        rank=ctx.rank,
+        device=ctx.device,
+        seed=cfg.seed,
+    )
     checks = {"n": 0}
 
     def verify() -> None:
         problems = transfer.verify()
         if problems:
-            raise VerificationError(f"{label} ({src.describe()} -> {dst.describe()}, {impl} {transfer.method}, "
-                                    f"balance {cfg.balance}): {len(problems)} shards wrong, first: {problems[0]}")
+            raise VerificationError(
+                f"{label} ({src.describe()} -> {dst.describe()}, {impl} {transfer.method}, "
+                f"balance {cfg.balance}): {len(problems)} shards wrong, first: {problems[0]}"
+            )
         checks["n"] += 1
 
-    times = time_iterations(transfer.step, warmup=cfg.warmup, iters=cfg.iters, device=ctx.device,
-                            before=transfer.poison, after=verify)
+    times = time_iterations(
+        transfer.step, warmup=cfg.warmup, iters=cfg.iters, device=ctx.device, before=transfer.poison, after=verify
+    )
     everyone: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(everyone, (*transfer.traffic(), checks["n"] == cfg.warmup + cfg.iters))
-    return TimedTransfer(getattr(transfer, "plan", None), transfer.plan_digest, transfer.method, options, times,
-                         [(s, r) for s, r, _ in everyone], all(ok for *_, ok in everyone))
+    return TimedTransfer(
+        getattr(transfer, "plan", None),
+        transfer.plan_digest,
+        transfer.method,
+        options,
+        times,
+        [(s, r) for s, r, _ in everyone],
+        all(ok for *_, ok in everyone),
+    )

@@ -17,8 +17,20 @@ from pathlib import Path
 from typing import Any
 
 # Environment variables worth keeping next to a result (prefixes), and what marks a secret.
-RELEVANT_PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "NVSHMEM_", "SLURM_", "SUBMITIT_", "WANDB_", "OMP_",
-                     "MASTER_", "GLOO_", "PYTORCH_", "HYDRA_")
+RELEVANT_PREFIXES = (
+    "NCCL_",
+    "CUDA_",
+    "TORCH_",
+    "NVSHMEM_",
+    "SLURM_",
+    "SUBMITIT_",
+    "WANDB_",
+    "OMP_",
+    "MASTER_",
+    "GLOO_",
+    "PYTORCH_",
+    "HYDRA_",
+)
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
 # a config key is a secret when one of its words is one of these (``api_key``, ``hf_token``), so
 # that ``num_tokens`` or ``num_kv_heads`` stay readable; and only string values are redacted
@@ -117,8 +129,11 @@ def gpu_info() -> dict[str, Any]:
         try:
             count = pynvml.nvmlDeviceGetCount()
             names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
-            return {"count": count, "names": [str(n) for n in names],
-                    "driver": str(pynvml.nvmlSystemGetDriverVersion())}
+            return {
+                "count": count,
+                "names": [str(n) for n in names],
+                "driver": str(pynvml.nvmlSystemGetDriverVersion()),
+            }
         finally:
             pynvml.nvmlShutdown()
     except Exception:  # no NVML (a CPU machine): fall back to what torch sees
@@ -129,9 +144,13 @@ def gpu_info() -> dict[str, Any]:
 
 
 def slurm_ids() -> dict[str, str | None]:
-    keys = {"job_id": "SLURM_JOB_ID", "array_job_id": "SLURM_ARRAY_JOB_ID",
-            "array_task_id": "SLURM_ARRAY_TASK_ID", "restart_count": "SLURM_RESTART_COUNT",
-            "nodelist": "SLURM_JOB_NODELIST"}
+    keys = {
+        "job_id": "SLURM_JOB_ID",
+        "array_job_id": "SLURM_ARRAY_JOB_ID",
+        "array_task_id": "SLURM_ARRAY_TASK_ID",
+        "restart_count": "SLURM_RESTART_COUNT",
+        "nodelist": "SLURM_JOB_NODELIST",
+    }
     return {k: os.environ.get(v) for k, v in keys.items()}
 
 

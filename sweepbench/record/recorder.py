@@ -49,9 +49,13 @@ def timed_seconds(cases: list[dict[str, Any]], *, ops_per_sample: int = 1) -> fl
 # timing), the teardown (memory peaks, barrier, group destroyed), and the rest: launching the
 # ranks, rank 0's environment capture and payload, the driver's wait (under SLURM, from the job's
 # start: its queue is not wall time)
-WALL_PHASES = {"start": "rank start-up (interpreter, imports)", "process_group": "process groups",
-               "benchmark": "benchmarks (set-up, verification, warm-up, timing)", "teardown": "teardown",
-               "rest": "launch and record"}
+WALL_PHASES = {
+    "start": "rank start-up (interpreter, imports)",
+    "process_group": "process groups",
+    "benchmark": "benchmarks (set-up, verification, warm-up, timing)",
+    "teardown": "teardown",
+    "rest": "launch and record",
+}
 
 
 def wall_phases(phases: Any, wall_time_s: float) -> dict[str, float] | None:
@@ -72,16 +76,20 @@ def _max_memory(per_rank: list[dict[str, Any] | None]) -> dict[str, Any]:
     return {k: max((m[k] for m in per_rank if m and m.get(k) is not None), default=None) for k in sorted(keys)}
 
 
-def build_metrics(cfg: DictConfig, outcome: JobOutcome, *, tag: str, world_size: int,
-                  overrides: list[str], wall_time_s: float) -> dict[str, Any]:
+def build_metrics(
+    cfg: DictConfig, outcome: JobOutcome, *, tag: str, world_size: int, overrides: list[str], wall_time_s: float
+) -> dict[str, Any]:
     result = outcome.payload.get("result", {})
     status, error = outcome.status, outcome.error
     # ok | failed | timeout | interrupted (Ctrl-C/SIGTERM stopped it) | skipped
     if status == "ok" and not result.get("verified"):
         status, error = "failed", "the benchmark did not verify its output; its times are not reported"
     per_rank = outcome.payload.get("memory_per_rank", [])
-    timed = timed_seconds(result.get("cases", []), ops_per_sample=sample_ops(result.get("extra", {}))) \
-        if status == "ok" else 0.0
+    timed = (
+        timed_seconds(result.get("cases", []), ops_per_sample=sample_ops(result.get("extra", {})))
+        if status == "ok"
+        else 0.0
+    )
     now = time.time()
     return {
         "status": status,
@@ -94,8 +102,9 @@ def build_metrics(cfg: DictConfig, outcome: JobOutcome, *, tag: str, world_size:
         # secret-looking values (``+api_key=...``) redacted; .hydra/*.yaml keep what the user typed
         "config": redact_config(OmegaConf.to_container(cfg, resolve=True)),
         "verified": bool(result.get("verified")) and status == "ok",
-        "results": {"summary": result.get("summary", {}), "cases": result.get("cases", []),
-                    **result.get("extra", {})} if status == "ok" else {},
+        "results": {"summary": result.get("summary", {}), "cases": result.get("cases", []), **result.get("extra", {})}
+        if status == "ok"
+        else {},
         "memory": {"max": _max_memory(per_rank), "per_rank": per_rank},
         "wall_time_s": wall_time_s,
         # the part of the job's wall time spent in timed samples (start-up, warm-up and
@@ -106,26 +115,40 @@ def build_metrics(cfg: DictConfig, outcome: JobOutcome, *, tag: str, world_size:
         # how the local launcher began the ranks: "forked" from the sweep's warm interpreter
         # (launch.preload) or "fresh" interpreters; None where SLURM started them or no rank reported
         "rank_start": outcome.payload.get("rank_start"),
-        "started_at": _utc(now - wall_time_s), "finished_at": _utc(now),
+        "started_at": _utc(now - wall_time_s),
+        "finished_at": _utc(now),
     }
 
 
 def wandb_summary(metrics: dict[str, Any]) -> dict[str, Any]:
     return {
-        "status": metrics["status"], "error": metrics["error"], "verified": metrics["verified"],
-        "world_size": metrics["world_size"], "backend": metrics["backend"],
-        "wall_time_s": metrics["wall_time_s"], "memory": metrics["memory"]["max"],
+        "status": metrics["status"],
+        "error": metrics["error"],
+        "verified": metrics["verified"],
+        "world_size": metrics["world_size"],
+        "backend": metrics["backend"],
+        "wall_time_s": metrics["wall_time_s"],
+        "memory": metrics["memory"]["max"],
         **metrics["results"].get("summary", {}),
     }
 
 
-def record_job(cfg: DictConfig, outcome: JobOutcome, *, job_dir: Path, tag: str, world_size: int,
-               overrides: list[str], group: str, wall_time_s: float, env: dict[str, Any] | None = None,
-               extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def record_job(
+    cfg: DictConfig,
+    outcome: JobOutcome,
+    *,
+    job_dir: Path,
+    tag: str,
+    world_size: int,
+    overrides: list[str],
+    group: str,
+    wall_time_s: float,
+    env: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Write env.json (``env``, else this process's), the wandb run and metrics.json (with
     ``extra`` keys added, e.g. the SLURM state of a job the sweep driver records)."""
-    metrics = build_metrics(cfg, outcome, tag=tag, world_size=world_size, overrides=overrides,
-                            wall_time_s=wall_time_s)
+    metrics = build_metrics(cfg, outcome, tag=tag, world_size=world_size, overrides=overrides, wall_time_s=wall_time_s)
     metrics.update(extra or {})
     if env is None:  # rank 0's capture (the ranks' interpreter and packages), else this process's
         env = outcome.payload.get("env") or {**capture_env(), "captured_by": "driver (no rank reported)"}

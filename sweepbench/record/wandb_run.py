@@ -48,8 +48,10 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def redact(flat: dict[str, Any]) -> dict[str, Any]:
     """Values whose key (any part of the dotted name) looks like a secret are replaced."""
-    return {k: REDACTED if any(m in k.lower() for m in SECRET_MARKERS) and v not in (None, "") else v
-            for k, v in flat.items()}
+    return {
+        k: REDACTED if any(m in k.lower() for m in SECRET_MARKERS) and v not in (None, "") else v
+        for k, v in flat.items()
+    }
 
 
 def redact_overrides(args: list[str]) -> list[str]:
@@ -75,7 +77,7 @@ def group_name(sweep_dir: str | Path, *, machine: str | None = None) -> str:
     path = Path(sweep_dir).absolute()
     machine = machine or os.environ.get("SLURM_CLUSTER_NAME") or socket.gethostname()
     digest = hashlib.sha256(f"{machine}:{path}".encode()).hexdigest()[:8]
-    readable = "/".join(path.parts[-2:])[-(MAX_GROUP - 10):]
+    readable = "/".join(path.parts[-2:])[-(MAX_GROUP - 10) :]
     return f"{readable}-{digest}"
 
 
@@ -89,11 +91,15 @@ def check_wandb_names(cfg: DictConfig) -> None:
         if len(tag) > MAX_TAG:
             raise ValueError(f"wandb tag {tag!r} has {len(tag)} characters; wandb allows at most {MAX_TAG}")
     if len(cfg.benchmark.name) > MAX_JOB_TYPE:
-        raise ValueError(f"benchmark name {cfg.benchmark.name!r} (the wandb job_type) has {len(cfg.benchmark.name)} "
-                         f"characters; wandb allows at most {MAX_JOB_TYPE}")
+        raise ValueError(
+            f"benchmark name {cfg.benchmark.name!r} (the wandb job_type) has {len(cfg.benchmark.name)} "
+            f"characters; wandb allows at most {MAX_JOB_TYPE}"
+        )
     if cfg.sweep.tag_max_len > MAX_NAME:
-        raise ValueError(f"sweep.tag_max_len={cfg.sweep.tag_max_len}: the tag is the wandb run name, "
-                         f"which wandb limits to {MAX_NAME} characters")
+        raise ValueError(
+            f"sweep.tag_max_len={cfg.sweep.tag_max_len}: the tag is the wandb run name, "
+            f"which wandb limits to {MAX_NAME} characters"
+        )
 
 
 @dataclass(frozen=True)
@@ -164,8 +170,9 @@ class WandbRun(NullRun):
             if chart.x in columns and chart.y in columns:
                 title = f"{chart.y} vs {chart.x}"
                 if chart.kind == "line":
-                    out[chart.key] = wandb.plot.line(table, chart.x, chart.y, title=title,
-                                                     stroke=chart.stroke if chart.stroke in columns else None)
+                    out[chart.key] = wandb.plot.line(
+                        table, chart.x, chart.y, title=title, stroke=chart.stroke if chart.stroke in columns else None
+                    )
                 elif chart.kind == "bar":
                     out[chart.key] = wandb.plot.bar(table, chart.x, chart.y, title=title)
                 else:
@@ -234,8 +241,9 @@ def start_run(cfg: DictConfig, *, job_dir: Path, tag: str, group: str, config: d
         return NullRun(error=message)
 
 
-def _init(wandb: Any, cfg: DictConfig, *, job_dir: Path, tag: str, group: str, config: dict[str, Any],
-          mode: str) -> Any:
+def _init(
+    wandb: Any, cfg: DictConfig, *, job_dir: Path, tag: str, group: str, config: dict[str, Any], mode: str
+) -> Any:
     """The run: the sweep's group, job_type = the benchmark, option tags, redacted config."""
     return wandb.init(
         project=cfg.wandb.project,
@@ -248,8 +256,9 @@ def _init(wandb: Any, cfg: DictConfig, *, job_dir: Path, tag: str, group: str, c
         dir=str(job_dir),
         mode=mode,
         reinit="create_new",
-        settings=wandb.Settings(init_timeout=cfg.wandb.init_timeout_s, console="off",
-                                x_disable_stats=True, silent=True),
+        settings=wandb.Settings(
+            init_timeout=cfg.wandb.init_timeout_s, console="off", x_disable_stats=True, silent=True
+        ),
     )
 
 
@@ -257,8 +266,9 @@ RANKING_RUN = "fastest"  # the run that holds the sweep's ranking
 RANKING_DIR = ".fastest"  # its directory in the sweep (hidden: not a job's)
 
 
-def log_ranking(sweep_dir: Path, *, group: str, wandb_cfg: dict[str, Any], columns: list[str],
-                rows: list[list[Any]]) -> str | None:
+def log_ranking(
+    sweep_dir: Path, *, group: str, wandb_cfg: dict[str, Any], columns: list[str], rows: list[list[Any]]
+) -> str | None:
     """The sweep's ranking (``sweepbench.report.answer``) as the table ``fastest`` of a run named
     ``fastest`` (job_type ``ranking``) in the sweep's group, written under ``<sweep>/.fastest/``;
     its run directory, or None when wandb is disabled or failed (a warning, never an error)."""
@@ -271,9 +281,17 @@ def log_ranking(sweep_dir: Path, *, group: str, wandb_cfg: dict[str, Any], colum
 
         remove_previous_runs(job_dir)
         job_dir.mkdir(parents=True, exist_ok=True)
-        run = wandb.init(project=wandb_cfg.get("project") or "sweepbench", entity=wandb_cfg.get("entity"),
-                         group=group, name=RANKING_RUN, job_type="ranking", dir=str(job_dir), mode=mode,
-                         reinit="create_new", settings=wandb.Settings(console="off", x_disable_stats=True, silent=True))
+        run = wandb.init(
+            project=wandb_cfg.get("project") or "sweepbench",
+            entity=wandb_cfg.get("entity"),
+            group=group,
+            name=RANKING_RUN,
+            job_type="ranking",
+            dir=str(job_dir),
+            mode=mode,
+            reinit="create_new",
+            settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
+        )
         try:
             run.log({RANKING_RUN: wandb.Table(columns=columns, data=rows)})
         finally:

@@ -75,11 +75,20 @@ class Ranking:
         out = []
         for n, e in enumerate(self.entries, start=1):
             verdict = self.verdict if n == 2 else None
-            out.append({"benchmark": self.benchmark, "group": self.group, "case": self.case, "rank": n,
-                        "config": e.label, "median_s": e.median_s,
-                        "ratio": e.median_s / self.entries[0].median_s,
-                        "verdict": "fastest" if n == 1 else (verdict.verdict if verdict else self.note if n == 2 else ""),
-                        "p_value": verdict.p_value if verdict else None, "tag": str(e.job.get("tag"))})
+            out.append(
+                {
+                    "benchmark": self.benchmark,
+                    "group": self.group,
+                    "case": self.case,
+                    "rank": n,
+                    "config": e.label,
+                    "median_s": e.median_s,
+                    "ratio": e.median_s / self.entries[0].median_s,
+                    "verdict": "fastest" if n == 1 else (verdict.verdict if verdict else self.note if n == 2 else ""),
+                    "p_value": verdict.p_value if verdict else None,
+                    "tag": str(e.job.get("tag")),
+                }
+            )
         return out
 
 
@@ -117,9 +126,15 @@ def _compare(ranking: Ranking, thresholds: Any) -> None:
     rounds = [[r / e.work for r in case_rounds(e.case or {}) or []] for e in (winner, runner)]
     try:
         if all(rounds):
-            ranking.verdict = compare_rounds(rounds[0], rounds[1], thresholds, medians=(
-                [r / winner.work for r in winner.case["round_medians_s"]],
-                [r / runner.work for r in runner.case["round_medians_s"]]))
+            ranking.verdict = compare_rounds(
+                rounds[0],
+                rounds[1],
+                thresholds,
+                medians=(
+                    [r / winner.work for r in winner.case["round_medians_s"]],
+                    [r / runner.work for r in runner.case["round_medians_s"]],
+                ),
+            )
             ranking.p_level = thresholds.rounds_p_value
             if ranking.verdict.verdict == "undecided":
                 ranking.note = f"undecided: {ranking.verdict.reason}"
@@ -142,8 +157,14 @@ def answer_benchmark(name: str, jobs: Sequence[dict[str, Any]], *, thresholds: A
     for job in jobs:
         if job.get("status") not in ("ok", *NOT_ATTEMPTED):
             error = (job.get("error") or "(no error recorded)").strip().splitlines() or [""]
-            result.failed.append({"tag": str(job.get("tag")), "config": " ".join(f"{a.name}={a.show(job)}" for a in every) if job.get("config") else "",
-                                  "status": str(job.get("status")), "error": error[-1][:200]})
+            result.failed.append(
+                {
+                    "tag": str(job.get("tag")),
+                    "config": " ".join(f"{a.name}={a.show(job)}" for a in every) if job.get("config") else "",
+                    "status": str(job.get("status")),
+                    "error": error[-1][:200],
+                }
+            )
     ok = [j for j in jobs if j.get("status") == "ok" and j.get("results")]
     groups: dict[tuple[str, str], Ranking] = {}
     order: dict[tuple[str, str], tuple[Any, ...]] = {}  # by the scales' values, then the cases' order
@@ -152,8 +173,12 @@ def answer_benchmark(name: str, jobs: Sequence[dict[str, Any]], *, thresholds: A
     # jobs of different world sizes are never ranked together, whether or not the world size is swept
     per_world = len({j.get("world_size") for j in ok}) > 1 and not any(WORLD in a.keys for a in lay.scales)
     for job in ok:
-        group = ", ".join([*(f"{a.name}={_show(a.key, a.value(job))}" for a in lay.scales),
-                           *([f"world size={job.get('world_size')}"] if per_world else [])])
+        group = ", ".join(
+            [
+                *(f"{a.name}={_show(a.key, a.value(job))}" for a in lay.scales),
+                *([f"world size={job.get('world_size')}"] if per_world else []),
+            ]
+        )
         if len(backends) > 1:
             group = ", ".join(filter(None, [group, f"ran on {job.get('backend')}"]))
         for case, key in zip(job["results"].get("cases", []), keys[id(job)]):
@@ -163,11 +188,17 @@ def answer_benchmark(name: str, jobs: Sequence[dict[str, Any]], *, thresholds: A
             work, unit = work_per_step(job, case) or (1.0, "")
             times = [t / work for t in times]
             case_label = " ".join(_show(k, v) for k, v in key)
-            ranking = groups.setdefault((group, case_label), Ranking(name, group, case_label, [],
-                                                                      p_level=thresholds.p_value))
-            order.setdefault((group, case_label), (*(sortable(a.value(job)) for a in lay.scales),
-                                                   *((sortable(job.get("world_size")),) if per_world else ()),
-                                                   len(order)))
+            ranking = groups.setdefault(
+                (group, case_label), Ranking(name, group, case_label, [], p_level=thresholds.p_value)
+            )
+            order.setdefault(
+                (group, case_label),
+                (
+                    *(sortable(a.value(job)) for a in lay.scales),
+                    *((sortable(job.get("world_size")),) if per_world else ()),
+                    len(order),
+                ),
+            )
             median = case["median_s"] / work if case.get("median_s") else statistics.median(times)
             entry_label = lay.series_label(job) if lay.series else (group or str(job.get("tag")))
             ranking.entries.append(Entry(job, entry_label, float(median), times, case, unit, work))

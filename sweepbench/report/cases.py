@@ -20,8 +20,13 @@ def case_identity(case: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     """Sorted (key, value) pairs of the case's identifying fields."""
     if "case" in case:  # a benchmark that names its cases
         return (("case", case["case"]),)
-    return tuple(sorted((k, v) for k, v in case.items()
-                        if k not in _NOT_IDENTITY and isinstance(v, (str, int, bool)) and not isinstance(v, float)))
+    return tuple(
+        sorted(
+            (k, v)
+            for k, v in case.items()
+            if k not in _NOT_IDENTITY and isinstance(v, (str, int, bool)) and not isinstance(v, float)
+        )
+    )
 
 
 def _show(key: str, value: Any) -> str:

@@ -27,8 +27,13 @@ def compared(job: dict[str, Any], case: dict[str, Any]) -> bool:
 def compared_jobs(jobs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """``jobs`` without the ok jobs none of whose cases is compared (a one-rank collective):
     failed jobs stay, to be listed as failed."""
-    return [j for j in jobs if j.get("status") != "ok" or not (j.get("results") or {}).get("cases")
-            or any(compared(j, c) for c in j["results"]["cases"])]
+    return [
+        j
+        for j in jobs
+        if j.get("status") != "ok"
+        or not (j.get("results") or {}).get("cases")
+        or any(compared(j, c) for c in j["results"]["cases"])
+    ]
 
 
 def work_per_step(job: dict[str, Any], case: dict[str, Any]) -> tuple[float, str] | None:

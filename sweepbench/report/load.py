@@ -64,10 +64,19 @@ def _mtime_utc(path: Path) -> str:
 MAX_RECORD_BYTES = 1 << 30  # a metrics.json beyond this is not read (a report must not need its size in memory)
 MAX_SAMPLES = 2000  # per case, for the page and the statistics: more are thinned (``thin_samples``)
 # fields a job record holds, with their types (a field may be absent; all but tag and status null)
-_FIELDS: dict[str, tuple[type, ...]] = {"tag": (str,), "status": (str,), "error": (str,), "benchmark": (str,),
-                                        "config": (dict,), "results": (dict,), "world_size": (int,),
-                                        "overrides": (list,), "memory": (dict,), "wall_phases_s": (dict,),
-                                        "rounds": (list,)}
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "tag": (str,),
+    "status": (str,),
+    "error": (str,),
+    "benchmark": (str,),
+    "config": (dict,),
+    "results": (dict,),
+    "world_size": (int,),
+    "overrides": (list,),
+    "memory": (dict,),
+    "wall_phases_s": (dict,),
+    "rounds": (list,),
+}
 _NULLABLE = frozenset(_FIELDS) - {"tag", "status"}
 # a case's or summary's key with one of these ends holds numbers (or null): a time, a rate, a size
 _NUMERIC = re.compile(r"_(s|ms|us|ns|gbps|gb|bytes|tflops|flops|fraction|ratio)$|^(iters|warmup)$")
@@ -81,12 +90,18 @@ def _numbers_problem(value: Any, where: str, *, numeric: bool) -> str:
     if isinstance(value, float) and not math.isfinite(value):
         return f"{where} is {value}, not a finite number"
     if isinstance(value, dict):
-        return next((p for k, v in value.items()
-                     if (p := _numbers_problem(v, f"{where}.{k}", numeric=numeric or bool(_NUMERIC.search(str(k)))))),
-                    "")
+        return next(
+            (
+                p
+                for k, v in value.items()
+                if (p := _numbers_problem(v, f"{where}.{k}", numeric=numeric or bool(_NUMERIC.search(str(k)))))
+            ),
+            "",
+        )
     if isinstance(value, list):
-        return next((p for i, v in enumerate(value) if (p := _numbers_problem(v, f"{where}[{i}]", numeric=numeric))),
-                    "")
+        return next(
+            (p for i, v in enumerate(value) if (p := _numbers_problem(v, f"{where}[{i}]", numeric=numeric))), ""
+        )
     if numeric and not isinstance(value, (int, float, type(None))):
         return f"{where} is {json.dumps(value)[:40]}, not a number"
     return ""
@@ -100,8 +115,11 @@ def record_problem(record: Any) -> str:
         return f"a JSON {type(record).__name__}, not a job record"
     for key, types in _FIELDS.items():
         value = record.get(key)
-        if key in record and not (value is None and key in _NULLABLE) and (not isinstance(value, types)
-                                                                            or isinstance(value, bool)):
+        if (
+            key in record
+            and not (value is None and key in _NULLABLE)
+            and (not isinstance(value, types) or isinstance(value, bool))
+        ):
             return f"its field {key!r} is {json.dumps(record[key], default=str)[:40]}, not a {types[0].__name__}"
     results = record.get("results") or {}
     cases = results.get("cases", [])
@@ -110,8 +128,9 @@ def record_problem(record: Any) -> str:
     if not isinstance(results.get("summary", {}), dict):
         return "its results.summary is not an object"
     for part in ("results", "memory", "wall_phases_s", "wall_time_s", "timed_s", "measuring_fraction"):
-        if part in record and (problem := _numbers_problem(record[part], part, numeric=part != "results"
-                                                           and part != "memory")):
+        if part in record and (
+            problem := _numbers_problem(record[part], part, numeric=part != "results" and part != "memory")
+        ):
             return f"its {problem}"
     return ""
 
@@ -131,8 +150,7 @@ def thin_samples(record: dict[str, Any], limit: int = MAX_SAMPLES) -> dict[str, 
 
 
 def unreadable_job(tag: str, path: Path, problem: str) -> dict[str, Any]:
-    return {"tag": tag, "status": UNREADABLE, "error": f"{path} cannot be read: {problem}", "config": {},
-            "results": {}}
+    return {"tag": tag, "status": UNREADABLE, "error": f"{path} cannot be read: {problem}", "config": {}, "results": {}}
 
 
 def _read_metrics(job_dir: Path) -> dict[str, Any] | None:
@@ -146,7 +164,9 @@ def _read_metrics(job_dir: Path) -> dict[str, Any] | None:
         if not path.is_file():
             problem = "not a regular file"
         elif path.stat().st_size > MAX_RECORD_BYTES:
-            problem = f"{path.stat().st_size / 2**20:.0f} MiB, more than a job record can be ({MAX_RECORD_BYTES >> 20} MiB)"
+            problem = (
+                f"{path.stat().st_size / 2**20:.0f} MiB, more than a job record can be ({MAX_RECORD_BYTES >> 20} MiB)"
+            )
         else:
             metrics = json.loads(path.read_bytes())
             problem = record_problem(metrics)
@@ -175,8 +195,13 @@ def load_sweep(path: str | Path) -> Sweep:
         if metrics is None:
             if not (job_dir / ".hydra").is_dir():
                 continue  # not a job directory
-            metrics = {"tag": job_dir.name, "status": "failed", "error": "the job left no metrics.json",
-                       "config": {}, "results": {}}
+            metrics = {
+                "tag": job_dir.name,
+                "status": "failed",
+                "error": "the job left no metrics.json",
+                "config": {},
+                "results": {},
+            }
         jobs.append(metrics)
         env = _read_env(job_dir / ENV_FILE)
         if env:
@@ -187,9 +212,13 @@ def load_sweep(path: str | Path) -> Sweep:
     if all(j.get("status") == UNREADABLE for j in jobs):
         raise ValueError(f"no job of {path} can be read: {jobs[0]['error']}")
     multirun = path / "multirun.yaml"
-    return Sweep(path=path, jobs=jobs, envs=envs,
-                 command=_sweep_command(multirun) if multirun.exists() else "",
-                 date=_mtime_utc(multirun if multirun.exists() else path))
+    return Sweep(
+        path=path,
+        jobs=jobs,
+        envs=envs,
+        command=_sweep_command(multirun) if multirun.exists() else "",
+        date=_mtime_utc(multirun if multirun.exists() else path),
+    )
 
 
 def _read_env(path: Path) -> dict[str, Any]:
@@ -210,13 +239,17 @@ def _add_rows_without_dirs(path: Path, jobs: list[dict[str, Any]]) -> None:
     try:
         if not csv.is_file():
             return
-        rows = pd.read_csv(csv, usecols=lambda c: c in ("tag", "status", "error", "benchmark"), dtype=str,
-                           encoding="utf-8").to_dict("records")
+        rows = pd.read_csv(
+            csv, usecols=lambda c: c in ("tag", "status", "error", "benchmark"), dtype=str, encoding="utf-8"
+        ).to_dict("records")
         if rows and not {"tag", "status"} <= set(rows[0]):
             raise ValueError("it has no tag and status columns")
     except (OSError, ValueError, UnicodeError, pd.errors.ParserError) as err:  # EmptyDataError is a ValueError
-        print(f"sweepbench: {csv} cannot be read ({str(err).splitlines()[0] if str(err) else type(err).__name__}); "
-              f"the jobs are read from their metrics.json files", file=sys.stderr)
+        print(
+            f"sweepbench: {csv} cannot be read ({str(err).splitlines()[0] if str(err) else type(err).__name__}); "
+            f"the jobs are read from their metrics.json files",
+            file=sys.stderr,
+        )
         return
     seen = {j.get("tag") for j in jobs}
     for row in rows:
@@ -227,10 +260,16 @@ def _add_rows_without_dirs(path: Path, jobs: list[dict[str, Any]]) -> None:
             status = row.get("status") if isinstance(row.get("status"), str) else "failed"
             if status == "ok":  # a job that finished has its record: this one's is gone
                 status, error = "failed", f"results.csv lists it ok, but {path / tag / METRICS_FILE} is missing"
-            jobs.append({"tag": tag, "status": status,
-                         "error": error if isinstance(error, str) else None,
-                         "benchmark": row.get("benchmark") if isinstance(row.get("benchmark"), str) else None,
-                         "config": {}, "results": {}})
+            jobs.append(
+                {
+                    "tag": tag,
+                    "status": status,
+                    "error": error if isinstance(error, str) else None,
+                    "benchmark": row.get("benchmark") if isinstance(row.get("benchmark"), str) else None,
+                    "config": {},
+                    "results": {},
+                }
+            )
 
 
 def _load_jobs_file(path: Path) -> Sweep:
@@ -243,8 +282,10 @@ def _load_jobs_file(path: Path) -> Sweep:
     except (OSError, ValueError, RecursionError) as err:
         raise ValueError(f"{path} is not a readable jobs file: {err}") from None
     if not isinstance(data, dict) or data.get("format") != JOBS_FILE_FORMAT:
-        raise ValueError(f"{path} is not a jobs file (expected format {JOBS_FILE_FORMAT!r}, "
-                         f"written by `sweepbench report SWEEP --save-jobs FILE`)")
+        raise ValueError(
+            f"{path} is not a jobs file (expected format {JOBS_FILE_FORMAT!r}, "
+            f"written by `sweepbench report SWEEP --save-jobs FILE`)"
+        )
     if not isinstance(data.get("jobs"), list) or not data["jobs"]:
         raise ValueError(f"{path} is a damaged jobs file: its 'jobs' is not a list of job records")
     jobs = []
@@ -257,12 +298,26 @@ def _load_jobs_file(path: Path) -> Sweep:
     envs = data.get("envs")
     envs = {k: v for k, v in envs.items() if isinstance(v, dict)} if isinstance(envs, dict) else {}
     name = data.get("sweep")
-    return Sweep(path=Path(name if isinstance(name, str) and name else path.stem), jobs=jobs, envs=envs,
-                 command=str(data.get("command") or ""), date=str(data.get("date") or ""))
+    return Sweep(
+        path=Path(name if isinstance(name, str) and name else path.stem),
+        jobs=jobs,
+        envs=envs,
+        command=str(data.get("command") or ""),
+        date=str(data.get("date") or ""),
+    )
 
 
 def save_jobs_file(sweep: Sweep, out: Path) -> Path:
     """Write the sweep's job records to one JSON file (a reference to compare against later)."""
-    write_json_atomic(out, {"format": JOBS_FILE_FORMAT, "sweep": str(sweep.path), "command": sweep.command,
-                            "date": sweep.date, "jobs": sweep.jobs, "envs": sweep.envs})
+    write_json_atomic(
+        out,
+        {
+            "format": JOBS_FILE_FORMAT,
+            "sweep": str(sweep.path),
+            "command": sweep.command,
+            "date": sweep.date,
+            "jobs": sweep.jobs,
+            "envs": sweep.envs,
+        },
+    )
     return out

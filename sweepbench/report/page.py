@@ -111,8 +111,16 @@ def results_table(jobs: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[
     for job in jobs:
         for key, label in headlines(job):
             heads.setdefault(label, key)
-    columns = ["tag", "status", *[c.split(".")[0] if c.endswith(".name") else c for c in config_cols],
-               "world size", *heads, "verified", "wall time (s)", "error"]
+    columns = [
+        "tag",
+        "status",
+        *[c.split(".")[0] if c.endswith(".name") else c for c in config_cols],
+        "world size",
+        *heads,
+        "verified",
+        "wall time (s)",
+        "error",
+    ]
     rows = []
     for job in jobs:
         summary = (job.get("results") or {}).get("summary") or {}
@@ -121,8 +129,11 @@ def results_table(jobs: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[
         row.append(Cell(fmt(job.get("world_size")), "num"))
         own = {label for _, label in headlines(job)}  # a label holds for the rows it labels only (@512 vs @1024)
         row += [Cell(fmt(summary.get(key)) if label in own else "", "num") for label, key in heads.items()]
-        row += [Cell(fmt(job.get("verified"))), Cell(fmt(job.get("wall_time_s")), "num"),
-                Cell(job.get("error") or "", "error")]
+        row += [
+            Cell(fmt(job.get("verified"))),
+            Cell(fmt(job.get("wall_time_s")), "num"),
+            Cell(job.get("error") or "", "error"),
+        ]
         rows.append(row)
     return columns, rows
 
@@ -137,14 +148,24 @@ def sweep_meta(sweep: Sweep) -> list[tuple[str, str]]:
     gpu_text = "none"
     if gpus.get("count"):
         names = sorted(set(gpus.get("names") or []))
-        gpu_text = f"{gpus['count']} x {', '.join(names)}" + (f" (driver {gpus['driver']})" if gpus.get("driver") else "")
+        gpu_text = f"{gpus['count']} x {', '.join(names)}" + (
+            f" (driver {gpus['driver']})" if gpus.get("driver") else ""
+        )
     slurm = (env.get("slurm") or {}).get("job_id")
-    meta = [("directory", str(sweep.path)), ("command", sweep.command or "unknown"), ("date", sweep.date or "unknown"),
-            ("git commit", commit), ("host", str(env.get("host", "unknown"))),
-            ("platform", str(env.get("platform", "unknown"))), ("CPUs", fmt(env.get("cpu_count"))),
-            ("GPUs", gpu_text),
-            ("software", f"python {env.get('python')}, torch {env.get('torch')}, CUDA {env.get('cuda')}, "
-                         f"NCCL {env.get('nccl')}")]
+    meta = [
+        ("directory", str(sweep.path)),
+        ("command", sweep.command or "unknown"),
+        ("date", sweep.date or "unknown"),
+        ("git commit", commit),
+        ("host", str(env.get("host", "unknown"))),
+        ("platform", str(env.get("platform", "unknown"))),
+        ("CPUs", fmt(env.get("cpu_count"))),
+        ("GPUs", gpu_text),
+        (
+            "software",
+            f"python {env.get('python')}, torch {env.get('torch')}, CUDA {env.get('cuda')}, NCCL {env.get('nccl')}",
+        ),
+    ]
     if slurm:
         meta.append(("SLURM job", str(slurm)))
     return meta
@@ -178,8 +199,13 @@ def distribution_figure(name: str, jobs: list[dict[str, Any]], ids: _Ids) -> lis
     return [Fig(f"{name}: per-iteration times", figure_svg(fig, prefix=ids()), caption)]
 
 
-_GAP = {"slower": "real", "~": "maybe (the test does not agree)", "unchanged": "within noise",
-        "unstable": "unstable (too noisy to tell)", "undecided": "too few rounds to decide"}
+_GAP = {
+    "slower": "real",
+    "~": "maybe (the test does not agree)",
+    "unchanged": "within noise",
+    "unstable": "unstable (too noisy to tell)",
+    "undecided": "too few rounds to decide",
+}
 
 
 def answer_view(answer: Answer) -> dict[str, Any]:
@@ -189,26 +215,55 @@ def answer_view(answer: Answer) -> dict[str, Any]:
         first, second = r.entries[0], (r.entries[1] if len(r.entries) > 1 else None)
         verdict = r.verdict.verdict if r.verdict is not None else ""
         p = r.verdict.p_value if r.verdict is not None else None
-        rows.append([Cell(r.group), Cell(r.case), Cell(first.label, "winner"), Cell(first.shown(), "num"),
-                     Cell(second.label if second else "(the only one)"),
-                     Cell(second.shown() if second else "", "num"),
-                     Cell(f"{second.median_s / first.median_s:.2f}x" if second else "", "num"),
-                     Cell(_GAP.get(verdict, r.note), "gap-" + (verdict.replace("~", "maybe") or "none")),
-                     Cell("" if p is None else (f"< {r.p_level:g}" if p < r.p_level else f"{p:.2g}"), "num"),
-                     Cell(r.verdict.reason if r.verdict is not None else ""),
-                     Cell(" < ".join(f"{e.label} {e.shown()}" for e in r.entries) if len(r.entries) > 2 else "")])
+        rows.append(
+            [
+                Cell(r.group),
+                Cell(r.case),
+                Cell(first.label, "winner"),
+                Cell(first.shown(), "num"),
+                Cell(second.label if second else "(the only one)"),
+                Cell(second.shown() if second else "", "num"),
+                Cell(f"{second.median_s / first.median_s:.2f}x" if second else "", "num"),
+                Cell(_GAP.get(verdict, r.note), "gap-" + (verdict.replace("~", "maybe") or "none")),
+                Cell("" if p is None else (f"< {r.p_level:g}" if p < r.p_level else f"{p:.2g}"), "num"),
+                Cell(r.verdict.reason if r.verdict is not None else ""),
+                Cell(" < ".join(f"{e.label} {e.shown()}" for e in r.entries) if len(r.entries) > 2 else ""),
+            ]
+        )
     note = ""
     if rows and all(len(r.entries) < 2 for r in answer.rankings):
         alone = len({id(e.job) for r in answer.rankings for e in r.entries}) == 1
-        rows, note = [], ("one job ok: nothing to rank it against" if alone else
-                          "every configuration is alone in its group (only scales varied): nothing to rank")
-    columns = ["where", "case", "fastest", "median", "runner-up", "median", "ratio", "gap", "p", "why not decided",
-               "ranking"]
+        rows, note = (
+            [],
+            (
+                "one job ok: nothing to rank it against"
+                if alone
+                else "every configuration is alone in its group (only scales varied): nothing to rank"
+            ),
+        )
+    columns = [
+        "where",
+        "case",
+        "fastest",
+        "median",
+        "runner-up",
+        "median",
+        "ratio",
+        "gap",
+        "p",
+        "why not decided",
+        "ranking",
+    ]
     keep = [i for i, c in enumerate(columns) if i not in (0, 1, 9, 10) or any(row[i].text for row in rows)]
-    return {"name": answer.benchmark, "columns": [columns[i] for i in keep],
-            "rows": [[row[i] for i in keep] for row in rows], "failed": answer.failed, "note": note,
-            "sentences": [r.sentence() for r in answer.rankings],
-            "varied": ", ".join(a.name for a in [*answer.layout.scales, *answer.layout.series]) or "nothing"}
+    return {
+        "name": answer.benchmark,
+        "columns": [columns[i] for i in keep],
+        "rows": [[row[i] for i in keep] for row in rows],
+        "failed": answer.failed,
+        "note": note,
+        "sentences": [r.sentence() for r in answer.rankings],
+        "varied": ", ".join(a.name for a in [*answer.layout.scales, *answer.layout.series]) or "nothing",
+    }
 
 
 def sweep_section(sweep: Sweep, ids: _Ids) -> dict[str, Any]:
@@ -222,21 +277,32 @@ def sweep_section(sweep: Sweep, ids: _Ids) -> dict[str, Any]:
     for name, jobs in by_bench.items():
         jobs = compared_jobs(jobs)  # a job whose cases move no data (a one-rank collective) is not drawn
         figures, notes = benchmark_figures(name, jobs, ids)
-        benchmarks.append({"name": name, "figures": figures, "notes": notes,
-                           "distributions": distribution_figure(name, jobs, ids)})
-    failed = [{"tag": j.get("tag"), "status": j.get("status"), "error": j.get("error") or "(no error recorded)"}
-              for j in sweep.jobs if j.get("status") != "ok"]
-    return {"name": sweep.name, "meta": sweep_meta(sweep), "columns": columns, "rows": rows,
-            "num_jobs": len(sweep.jobs), "num_ok": len(sweep.jobs) - len(failed), "failed": failed,
-            "benchmarks": benchmarks, "answers": [answer_view(a) for a in answer_jobs(sweep.jobs)]}
+        benchmarks.append(
+            {"name": name, "figures": figures, "notes": notes, "distributions": distribution_figure(name, jobs, ids)}
+        )
+    failed = [
+        {"tag": j.get("tag"), "status": j.get("status"), "error": j.get("error") or "(no error recorded)"}
+        for j in sweep.jobs
+        if j.get("status") != "ok"
+    ]
+    return {
+        "name": sweep.name,
+        "meta": sweep_meta(sweep),
+        "columns": columns,
+        "rows": rows,
+        "num_jobs": len(sweep.jobs),
+        "num_ok": len(sweep.jobs) - len(failed),
+        "failed": failed,
+        "benchmarks": benchmarks,
+        "answers": [answer_view(a) for a in answer_jobs(sweep.jobs)],
+    }
 
 
 def render_report(sweeps: Sequence[Sweep]) -> str:
     ids = _Ids()
     title = f"sweepbench report: {', '.join(s.name for s in sweeps)}"
     generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return render("report.html", title=title, generated=generated,
-                  sweeps=[sweep_section(s, ids) for s in sweeps])
+    return render("report.html", title=title, generated=generated, sweeps=[sweep_section(s, ids) for s in sweeps])
 
 
 def write_report(paths: Sequence[str | Path], out: str | Path | None = None) -> Path:

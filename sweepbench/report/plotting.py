@@ -76,11 +76,20 @@ def _bytes_axis(axis: Any) -> None:
 
 
 def line_plot(
-    series: Mapping[str, Points], *, title: str = "", xlabel: str, ylabel: str,
-    log2_x: bool = False, bytes_x: bool = False, log_y: bool = False,
-    ceiling: float | Mapping[str, float] | None = None, ceiling_label: str = "link ceiling",
-    ideal: Points | None = None, ideal_label: str = "ideal",
-    width: float = 6.4, height: float = 3.6,
+    series: Mapping[str, Points],
+    *,
+    title: str = "",
+    xlabel: str,
+    ylabel: str,
+    log2_x: bool = False,
+    bytes_x: bool = False,
+    log_y: bool = False,
+    ceiling: float | Mapping[str, float] | None = None,
+    ceiling_label: str = "link ceiling",
+    ideal: Points | None = None,
+    ideal_label: str = "ideal",
+    width: float = 6.4,
+    height: float = 3.6,
 ) -> Figure:
     """One line (with markers) per series. ``log2_x``: a base-2 log x axis (message sizes, GPU
     counts); ``bytes_x``: x tick labels as sizes (KiB, MiB). ``ceiling``: a horizontal dotted
@@ -125,9 +134,15 @@ def _wrap(label: str, width: int = 28) -> str:
 
 
 def bar_plot(
-    values: Mapping[str, float], *, title: str = "", ylabel: str,
-    floor: Mapping[str, float] | None = None, floor_label: str = "link floor",
-    annotations: Mapping[str, str] | None = None, width: float = 6.4, height: float = 3.6,
+    values: Mapping[str, float],
+    *,
+    title: str = "",
+    ylabel: str,
+    floor: Mapping[str, float] | None = None,
+    floor_label: str = "link floor",
+    annotations: Mapping[str, str] | None = None,
+    width: float = 6.4,
+    height: float = 3.6,
 ) -> Figure:
     """One horizontal bar per label (labels on the y axis, wrapped: they never overlap however
     many or long they are); ``floor`` marks each bar's bound (a short black line),
@@ -141,8 +156,14 @@ def bar_plot(
     ax.barh(ys, [values[k] for k in labels], color="C0", height=0.6, label=ylabel)
     if floor:
         marked = [i for i, k in enumerate(labels) if floor.get(k) is not None]
-        ax.vlines([floor[labels[i]] for i in marked], [i - 0.4 for i in marked], [i + 0.4 for i in marked],
-                  colors="black", linewidth=2, label=floor_label)
+        ax.vlines(
+            [floor[labels[i]] for i in marked],
+            [i - 0.4 for i in marked],
+            [i + 0.4 for i in marked],
+            colors="black",
+            linewidth=2,
+            label=floor_label,
+        )
     for i, k in enumerate(labels):
         if annotations and k in annotations:
             ax.annotate(" " + annotations[k], (values[k], i), ha="left", va="center", fontsize="x-small")
@@ -158,9 +179,19 @@ def bar_plot(
 
 
 def heatmap(
-    values: Sequence[Sequence[float | None]], *, rows: Sequence[str], cols: Sequence[str], title: str = "",
-    xlabel: str = "", ylabel: str = "", cbar_label: str = "", center: float | None = None,
-    cmap: str | None = None, fmt: str = "{:.3g}", width: float | None = None, height: float | None = None,
+    values: Sequence[Sequence[float | None]],
+    *,
+    rows: Sequence[str],
+    cols: Sequence[str],
+    title: str = "",
+    xlabel: str = "",
+    ylabel: str = "",
+    cbar_label: str = "",
+    center: float | None = None,
+    cmap: str | None = None,
+    fmt: str = "{:.3g}",
+    width: float | None = None,
+    height: float | None = None,
 ) -> Figure:
     """A rows x cols grid of numbers (None/NaN = no measurement, left blank), each cell written
     out. ``center``: a diverging scale centred on that value (compare's ratios: 1 = unchanged,
@@ -168,8 +199,9 @@ def heatmap(
     grid = [[math.nan if v is None else float(v) for v in row] for row in values]
     finite = [v for row in grid for v in row if math.isfinite(v)]
     longest = max((len(r) for r in rows), default=0)  # row labels take width from the cells
-    fig = new_figure(width or max(4.0, 2.0 + 0.9 * len(cols) + 0.075 * longest),
-                     height or max(2.5, 1.6 + 0.3 * len(rows)))
+    fig = new_figure(
+        width or max(4.0, 2.0 + 0.9 * len(cols) + 0.075 * longest), height or max(2.5, 1.6 + 0.3 * len(rows))
+    )
     ax = fig.add_subplot()
     if center is not None:
         span = max([abs(v - center) for v in finite], default=0.0) or 0.05 * abs(center) or 1.0
@@ -180,15 +212,21 @@ def heatmap(
         cmap = cmap or "viridis"
     # pcolormesh, not imshow: vector cells (imshow would embed a PNG in the SVG)
     cells = np.ma.masked_invalid(np.asarray(grid, dtype=float).reshape(len(rows), len(cols)))
-    image = ax.pcolormesh(np.arange(len(cols) + 1) - 0.5, np.arange(len(rows) + 1) - 0.5, cells,
-                          cmap=cmap, norm=norm)
+    image = ax.pcolormesh(np.arange(len(cols) + 1) - 0.5, np.arange(len(rows) + 1) - 0.5, cells, cmap=cmap, norm=norm)
     ax.set_ylim(len(rows) - 0.5, -0.5)  # first row on top, as in a table
     for r, row in enumerate(grid):
         for c, v in enumerate(row):
             if math.isfinite(v):
                 dark = abs(norm(v) - 0.5) > 0.3 if center is not None else norm(v) < 0.5
-                ax.text(c, r, fmt.format(v), ha="center", va="center", fontsize="x-small",
-                        color="white" if dark else "black")
+                ax.text(
+                    c,
+                    r,
+                    fmt.format(v),
+                    ha="center",
+                    va="center",
+                    fontsize="x-small",
+                    color="white" if dark else "black",
+                )
     turn = len(cols) > 3 or max((len(c) for c in cols), default=0) > 10
     ax.set_xticks(range(len(cols)), list(cols), rotation=90 if turn else 0, fontsize="small")
     ax.set_yticks(range(len(rows)), list(rows), fontsize="small")
@@ -199,8 +237,12 @@ def heatmap(
 
 
 def strip_plot(
-    samples: Mapping[str, Sequence[float]], *, title: str = "", xlabel: str = "time per iteration (ms)",
-    scale: float = 1e3, width: float = 7.5,
+    samples: Mapping[str, Sequence[float]],
+    *,
+    title: str = "",
+    xlabel: str = "time per iteration (ms)",
+    scale: float = 1e3,
+    width: float = 7.5,
 ) -> Figure:
     """Every sample of every label on one common axis: a row per label (labels on the y axis,
     wrapped), each iteration a dot (deterministic jitter), the median a black tick. A log axis
@@ -232,8 +274,14 @@ def strip_plot(
 
 
 def axis_plot(
-    panels: Mapping[str, Mapping[str, Points]], *, xlabel: str, ylabel: str, log2_x: bool = False,
-    bytes_x: bool = False, width: float = 6.4, height: float = 3.4,
+    panels: Mapping[str, Mapping[str, Points]],
+    *,
+    xlabel: str,
+    ylabel: str,
+    log2_x: bool = False,
+    bytes_x: bool = False,
+    width: float = 6.4,
+    height: float = 3.4,
 ) -> Figure:
     """A metric against the axis a sweep varied: one panel per facet (``panels``' keys, "" for a
     single panel), one line per series; the legend sits right of the panels (never over a point or
@@ -248,8 +296,12 @@ def axis_plot(
         if log2_x:
             ax.set_xscale("log", base=2)
             xs = sorted({p[0] for pts in series.values() for p in pts})
-            ax.set_xticks(xs, [format_bytes(x) if bytes_x else f"{x:g}" for x in xs], fontsize="small",
-                          rotation=90 if len(xs) > 5 else 0)
+            ax.set_xticks(
+                xs,
+                [format_bytes(x) if bytes_x else f"{x:g}" for x in xs],
+                fontsize="small",
+                rotation=90 if len(xs) > 5 else 0,
+            )
             ax.minorticks_off()
         else:
             xs = sorted({p[0] for pts in series.values() for p in pts})
@@ -257,7 +309,7 @@ def axis_plot(
                 ax.set_xticks(xs, [f"{x:g}" for x in xs], fontsize="small")
         ax.set(title=facet, xlabel=xlabel)
         ax.grid(True, alpha=0.3)
-    for ax in axes[len(panels):]:
+    for ax in axes[len(panels) :]:
         ax.set_visible(False)
     axes[0].set_ylabel(ylabel)
     handles, names = axes[0].get_legend_handles_labels()
@@ -275,9 +327,12 @@ def figure_svg(fig: Figure, *, prefix: str) -> str:
     buf = io.StringIO()
     fig.savefig(buf, format="svg", metadata={"Date": None})
     svg = buf.getvalue()
-    svg = svg[svg.index("<svg"):]
+    svg = svg[svg.index("<svg") :]
     for ident in set(_ID.findall(svg)):
         new = f"{prefix}-{ident}"
-        svg = svg.replace(f'id="{ident}"', f'id="{new}"').replace(f"#{ident})", f"#{new})") \
-                 .replace(f'#{ident}"', f'#{new}"')
+        svg = (
+            svg.replace(f'id="{ident}"', f'id="{new}"')
+            .replace(f"#{ident})", f"#{new})")
+            .replace(f'#{ident}"', f'#{new}"')
+        )
     return svg

@@ -148,22 +148,32 @@ def samples_reason(v: "Verdict", th: Thresholds) -> str:
     """Why a samples verdict does not decide, and what would ("" for one that does)."""
     if v.verdict in DECIDED:
         return ""
-    parts = [f"threshold {v.threshold:.3f} from the baseline's noise {v.baseline_noise:.3f} "
-             f"(CV {v.baseline_cv:.2f} and {v.candidate_cv:.2f})"]
+    parts = [
+        f"threshold {v.threshold:.3f} from the baseline's noise {v.baseline_noise:.3f} "
+        f"(CV {v.baseline_cv:.2f} and {v.candidate_cv:.2f})"
+    ]
     if v.unstable:
         sides = (("baseline", v.baseline_cv, v.baseline_spread), ("candidate", v.candidate_cv, v.candidate_spread))
-        too = [f"{side} {name} {value:.2f} > {limit:g}" for side, c, s in sides
-               for name, value, limit in (("CV", c, th.max_cv), ("max/median", s, th.max_spread)) if value > limit]
+        too = [
+            f"{side} {name} {value:.2f} > {limit:g}"
+            for side, c, s in sides
+            for name, value, limit in (("CV", c, th.max_cv), ("max/median", s, th.max_spread))
+            if value > limit
+        ]
         parts.append("unstable: " + ", ".join(too))
     rounds = f"sweep.repeats >= {th.min_rounds} (judged on rounds)"
     if floor_p(v.n_baseline, v.n_candidate) >= th.p_value:
-        parts.append(f"{_sides(v.n_baseline, v.n_candidate, 'samples')} cannot reach p < {th.p_value:g}: "
-                     f"benchmark.iters >= {min_samples(th.p_value)} or {rounds}")
+        parts.append(
+            f"{_sides(v.n_baseline, v.n_candidate, 'samples')} cannot reach p < {th.p_value:g}: "
+            f"benchmark.iters >= {min_samples(th.p_value)} or {rounds}"
+        )
     elif v.ratio > v.threshold or v.ratio < 1 / v.threshold:
         parts.append(f"p = {v.p_value:.2g}, not < {th.p_value:g}: more samples (benchmark.iters) or {rounds}")
     else:
-        parts.append(f"the ratio is within the threshold, but a side too noisy to call it unchanged: {rounds}, "
-                     f"or a quieter machine")
+        parts.append(
+            f"the ratio is within the threshold, but a side too noisy to call it unchanged: {rounds}, "
+            f"or a quieter machine"
+        )
     return "; ".join(parts)
 
 
@@ -173,11 +183,15 @@ def rounds_reason(v: "Verdict", th: Thresholds, *, p: float, name: str = "p") ->
     if v.verdict in DECIDED:
         return ""
     if v.verdict == "undecided":
-        return (f"{_sides(v.n_baseline, v.n_candidate, 'rounds')}, fewer than {th.min_rounds} a side: "
-                f"sweep.repeats >= {th.min_rounds}")
-    return (f"threshold {v.threshold:.3f} from the noise between rounds {v.baseline_noise:.3f}; "
-            f"{name} = {p:.2g}, not < {th.rounds_p_value:g}: more rounds (sweep.repeats > "
-            f"{min(v.n_baseline, v.n_candidate)})")
+        return (
+            f"{_sides(v.n_baseline, v.n_candidate, 'rounds')}, fewer than {th.min_rounds} a side: "
+            f"sweep.repeats >= {th.min_rounds}"
+        )
+    return (
+        f"threshold {v.threshold:.3f} from the noise between rounds {v.baseline_noise:.3f}; "
+        f"{name} = {p:.2g}, not < {th.rounds_p_value:g}: more rounds (sweep.repeats > "
+        f"{min(v.n_baseline, v.n_candidate)})"
+    )
 
 
 def verdict_for(ratio: float, threshold: float, significant: bool) -> str:
@@ -193,6 +207,7 @@ def verdict_for(ratio: float, threshold: float, significant: bool) -> str:
 def compare_samples(base: Sequence[float], cand: Sequence[float], th: Thresholds = Thresholds()) -> Verdict:
     """The verdict on ``cand`` against ``base`` (per-iteration seconds, lower is better)."""
     from scipy.stats import mannwhitneyu  # here: `report` and `--help` need the thresholds, not scipy
+
     if len(base) < 2 or len(cand) < 2:
         raise ValueError(f"need at least 2 iterations per side, got {len(base)} and {len(cand)}")
     base, cand = [float(x) for x in base], [float(x) for x in cand]
@@ -207,8 +222,24 @@ def compare_samples(base: Sequence[float], cand: Sequence[float], th: Thresholds
     verdict = verdict_for(ratio, threshold, significant)
     if unstable and verdict not in ("slower", "faster"):
         verdict = "unstable"
-    v = Verdict(verdict, ratio, lo, hi, p, threshold, noise, mb, mc, cv(base), cv(cand), spread(base),
-                spread(cand), unstable, len(base), len(cand))
+    v = Verdict(
+        verdict,
+        ratio,
+        lo,
+        hi,
+        p,
+        threshold,
+        noise,
+        mb,
+        mc,
+        cv(base),
+        cv(cand),
+        spread(base),
+        spread(cand),
+        unstable,
+        len(base),
+        len(cand),
+    )
     return replace(v, reason=samples_reason(v, th))
 
 
@@ -227,9 +258,14 @@ def log_variance(base: Sequence[float], cand: Sequence[float]) -> tuple[float, i
     return float((b.var(ddof=1) * (len(b) - 1) + c.var(ddof=1) * (len(c) - 1)) / df), df
 
 
-def compare_rounds(base: Sequence[float], cand: Sequence[float], th: Thresholds = Thresholds(), *,
-                   prior_variance: float | None = None, medians: tuple[Sequence[float], Sequence[float]] | None = None
-                   ) -> Verdict:
+def compare_rounds(
+    base: Sequence[float],
+    cand: Sequence[float],
+    th: Thresholds = Thresholds(),
+    *,
+    prior_variance: float | None = None,
+    medians: tuple[Sequence[float], Sequence[float]] | None = None,
+) -> Verdict:
     """The verdict on ``cand`` against ``base``, each a list of one value per round (seconds; one
     round = one independent launch of the job). compare passes each round's fastest sample: on a
     shared machine interference only adds time, so a round's fastest sample is its least
@@ -255,10 +291,18 @@ def compare_rounds(base: Sequence[float], cand: Sequence[float], th: Thresholds 
     mb_r, mc_r = medians if medians is not None else (base, cand)
     mb, mc = float(np.median(mb_r)), float(np.median(mc_r))
     ratio = float(np.exp(c.mean() - b.mean()))
-    common = dict(baseline_median_s=mb, candidate_median_s=mc, baseline_cv=cv(list(np.exp(b))),
-                  candidate_cv=cv(list(np.exp(c))), baseline_spread=spread(list(np.exp(b))),
-                  candidate_spread=spread(list(np.exp(c))), unstable=False, n_baseline=len(b),
-                  n_candidate=len(c), basis="rounds")
+    common = dict(
+        baseline_median_s=mb,
+        candidate_median_s=mc,
+        baseline_cv=cv(list(np.exp(b))),
+        candidate_cv=cv(list(np.exp(c))),
+        baseline_spread=spread(list(np.exp(b))),
+        candidate_spread=spread(list(np.exp(c))),
+        unstable=False,
+        n_baseline=len(b),
+        n_candidate=len(c),
+        basis="rounds",
+    )
     if min(len(b), len(c)) < th.min_rounds:
         v = Verdict("undecided", ratio, math.nan, math.nan, math.nan, math.nan, math.nan, **common)
         return replace(v, reason=rounds_reason(v, th, p=math.nan))

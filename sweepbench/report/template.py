@@ -114,9 +114,12 @@ def verdict_class(verdict: str) -> str:
 
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.DictLoader({"base.html": _BASE, "macros.html": _FIGURE, "report.html": _REPORT,
-                                  "compare.html": _COMPARE}),
-        autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=False,
+        loader=jinja2.DictLoader(
+            {"base.html": _BASE, "macros.html": _FIGURE, "report.html": _REPORT, "compare.html": _COMPARE}
+        ),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=False,
     )
     env.filters["verdict_class"] = verdict_class
     return env

@@ -12,7 +12,7 @@ def format_bytes(n: float) -> str:
     if n <= 0:
         return f"{n:g} B"
     exp = min(int(math.log(n, 1024)), len(_BYTE_UNITS) - 1)
-    return f"{n / 1024 ** exp:.3g} {_BYTE_UNITS[exp]}"
+    return f"{n / 1024**exp:.3g} {_BYTE_UNITS[exp]}"
 
 
 def format_time(seconds: float) -> str:

@@ -76,8 +76,13 @@ def axis_figures(jobs: Sequence[dict[str, Any]], hooks: Any) -> list[tuple[str, 
         note = f"{way} is better"
         if lay.x is None:
             bars = {lay.series_label(j): v for j, v in values}
-            figs.append((f"{name} per {', '.join(a.name for a in lay.series)}",
-                         bar_plot(bars, ylabel=name), f"{note}; one bar per configuration the sweep varied"))
+            figs.append(
+                (
+                    f"{name} per {', '.join(a.name for a in lay.series)}",
+                    bar_plot(bars, ylabel=name),
+                    f"{note}; one bar per configuration the sweep varied",
+                )
+            )
             continue
         panels: dict[str, dict[str, list[tuple[float, float]]]] = {}
         for job, v in values:
@@ -86,10 +91,19 @@ def axis_figures(jobs: Sequence[dict[str, Any]], hooks: Any) -> list[tuple[str, 
         xs = sorted({float(lay.x.value(j)) for j, _ in values})
         lines = f"one line per {', '.join(a.name for a in lay.series)}" if lay.series else "one line"
         facets = f"; one panel per {', '.join(a.name for a in lay.facets)}" if lay.facets else ""
-        figs.append((f"{name} vs {lay.x.name}",
-                      axis_plot(panels, xlabel=lay.x.name, ylabel=name, log2_x=_powers_of_two(xs),
-                                bytes_x=lay.x.key.endswith("_bytes")),
-                      f"{note}; x: {lay.x.name} (the scale the sweep varied), {lines}{facets}"))
+        figs.append(
+            (
+                f"{name} vs {lay.x.name}",
+                axis_plot(
+                    panels,
+                    xlabel=lay.x.name,
+                    ylabel=name,
+                    log2_x=_powers_of_two(xs),
+                    bytes_x=lay.x.key.endswith("_bytes"),
+                ),
+                f"{note}; x: {lay.x.name} (the scale the sweep varied), {lines}{facets}",
+            )
+        )
     return figs
 
 

@@ -76,11 +76,19 @@ def varied_section(ws: Any, wr: Any, bench: str, jobs: list[dict[str, Any]]) -> 
         metric, name = heads[0].key, heads[0].label.split(" @")[0]
         if lay.x is not None:
             x = wr.SummaryMetric(WORLD) if lay.x.key == WORLD else wr.Config(lay.x.key)
-            panels.append(wr.ScatterPlot(title=f"{name} vs {lay.x.name}", x=x, y=wr.SummaryMetric(metric),
-                                         log_x=lay.x.key.endswith("_bytes")))
+            panels.append(
+                wr.ScatterPlot(
+                    title=f"{name} vs {lay.x.name}", x=x, y=wr.SummaryMetric(metric), log_x=lay.x.key.endswith("_bytes")
+                )
+            )
         else:
-            panels.append(wr.BarPlot(title=f"{name} per {', '.join(a.name for a in lay.series)}",
-                                     metrics=[wr.SummaryMetric(metric)], groupby=wr.Config(lay.series[0].key)))
+            panels.append(
+                wr.BarPlot(
+                    title=f"{name} per {', '.join(a.name for a in lay.series)}",
+                    metrics=[wr.SummaryMetric(metric)],
+                    groupby=wr.Config(lay.series[0].key),
+                )
+            )
     answer = answer_benchmark(bench, jobs)
     lines = [f"- {r.sentence()}" for r in answer.rankings if len(r.entries) > 1]
     lines += [f"- failed: {j['config'] or j['tag']} ({j['status']})" for j in answer.failed]
@@ -104,14 +112,22 @@ def build_workspace(sweep: Sweep, *, entity: str, project: str, baseline: str | 
     for bench, jobs in sorted(by_bench.items()):
         columns = {k for j in jobs for c in (j.get("results") or {}).get("cases", []) for k in c}
         heads = list(dict.fromkeys(key for j in jobs for key, _ in headlines(j)))
-        panels: list[Any] = [wr.LinePlot(title=f"{c.y} vs {c.x}", x=c.x, y=[c.y], log_x=c.x.endswith("_bytes"))
-                             for c in CHARTS if c.kind == "line" and {c.x, c.y} <= columns]
+        panels: list[Any] = [
+            wr.LinePlot(title=f"{c.y} vs {c.x}", x=c.x, y=[c.y], log_x=c.x.endswith("_bytes"))
+            for c in CHARTS
+            if c.kind == "line" and {c.x, c.y} <= columns
+        ]
         if heads:
             panels.append(wr.BarPlot(title=f"{bench} headline", metrics=heads[:8]))
-            panels.append(wr.ParallelCoordinatesPlot(
-                title=f"{bench}: swept keys -> headline",
-                columns=[*(wr.ParallelCoordinatesPlotColumn(metric=wr.Config(k)) for k in swept),
-                         *(wr.ParallelCoordinatesPlotColumn(metric=wr.SummaryMetric(h)) for h in heads[:4])]))
+            panels.append(
+                wr.ParallelCoordinatesPlot(
+                    title=f"{bench}: swept keys -> headline",
+                    columns=[
+                        *(wr.ParallelCoordinatesPlotColumn(metric=wr.Config(k)) for k in swept),
+                        *(wr.ParallelCoordinatesPlotColumn(metric=wr.SummaryMetric(h)) for h in heads[:4]),
+                    ],
+                )
+            )
         sections.append(ws.Section(name=bench, panels=panels, is_open=True))
     pinned = None
     if baseline:
@@ -120,10 +136,16 @@ def build_workspace(sweep: Sweep, *, entity: str, project: str, baseline: str | 
             raise ValueError(f"--baseline {baseline!r} is not the tag of a job of {sweep.path} with a wandb run")
         pinned = run_id(match[0])
     return ws.Workspace(
-        entity=entity, project=project, name=f"sweepbench {group}"[:120], sections=sections,
-        runset_settings=ws.RunsetSettings(filters=[ws.Metric("Group") == group],
-                                          groupby=[ws.Config(k) for k in swept],
-                                          baseline_run=pinned, pinned_runs=[pinned] if pinned else []),
+        entity=entity,
+        project=project,
+        name=f"sweepbench {group}"[:120],
+        sections=sections,
+        runset_settings=ws.RunsetSettings(
+            filters=[ws.Metric("Group") == group],
+            groupby=[ws.Config(k) for k in swept],
+            baseline_run=pinned,
+            pinned_runs=[pinned] if pinned else [],
+        ),
     )
 
 
@@ -138,10 +160,12 @@ def publish_workspace(sweep: Sweep, *, baseline: str | None = None) -> int:
     entity, project = _project(sweep)
     mode = os.environ.get("WANDB_MODE") or "online"
     if mode in ("offline", "disabled", "dryrun"):
-        print(f"sweepbench: WANDB_MODE={mode}: publishing a workspace needs wandb online and a login "
-              f"(`wandb login`, then `wandb sync {sweep.path}/*/wandb/offline-run-* "
-              f"{sweep.path}/.fastest/wandb/offline-run-*`); nothing was published",
-              file=sys.stderr)
+        print(
+            f"sweepbench: WANDB_MODE={mode}: publishing a workspace needs wandb online and a login "
+            f"(`wandb login`, then `wandb sync {sweep.path}/*/wandb/offline-run-* "
+            f"{sweep.path}/.fastest/wandb/offline-run-*`); nothing was published",
+            file=sys.stderr,
+        )
         return 0
     import wandb
 
@@ -151,8 +175,10 @@ def publish_workspace(sweep: Sweep, *, baseline: str | None = None) -> int:
     except wandb.errors.UsageError:
         api_key = None
     if not api_key:
-        print("sweepbench: publishing a workspace needs a wandb login (`wandb login`); nothing was published",
-              file=sys.stderr)
+        print(
+            "sweepbench: publishing a workspace needs a wandb login (`wandb login`); nothing was published",
+            file=sys.stderr,
+        )
         return 0
     entity = entity or api.default_entity
     view = build_workspace(sweep, entity=entity, project=project, baseline=baseline).save()

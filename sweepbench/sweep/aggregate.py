@@ -24,10 +24,15 @@ from sweepbench.record.recorder import WALL_PHASES, sample_ops, timed_seconds
 from sweepbench.sweep.rounds import unit_dir
 
 CONFIG_COLUMNS = {
-    "benchmark": ("benchmark", "name"), "model": ("model", "name"),
-    "parallelism": ("parallelism", "name"), "mode": ("mode", "name"),
-    "tp": ("parallelism", "tp"), "pp": ("parallelism", "pp"), "ep": ("parallelism", "ep"),
-    "dp": ("parallelism", "dp"), "cp": ("parallelism", "cp"),
+    "benchmark": ("benchmark", "name"),
+    "model": ("model", "name"),
+    "parallelism": ("parallelism", "name"),
+    "mode": ("mode", "name"),
+    "tp": ("parallelism", "tp"),
+    "pp": ("parallelism", "pp"),
+    "ep": ("parallelism", "ep"),
+    "dp": ("parallelism", "dp"),
+    "cp": ("parallelism", "cp"),
 }
 
 
@@ -51,14 +56,18 @@ def _tag_keys(benchmark: Any) -> tuple[str, ...]:
 
 def job_row(metrics: dict[str, Any]) -> dict[str, Any]:
     config = metrics.get("config", {})
-    row: dict[str, Any] = {"tag": metrics.get("tag"), "status": metrics.get("status"),
-                           "error": metrics.get("error")}
+    row: dict[str, Any] = {"tag": metrics.get("tag"), "status": metrics.get("status"), "error": metrics.get("error")}
     row.update({col: _dig(config, path) for col, path in CONFIG_COLUMNS.items()})
     row.update({key: _dig(config, ("benchmark", key)) for key in _tag_keys(_dig(config, ("benchmark", "name")))})
-    row.update({"backend": metrics.get("backend") or _dig(config, ("backend", "name")),
-                "world_size": metrics.get("world_size"), "verified": metrics.get("verified"),
-                "wall_time_s": metrics.get("wall_time_s"),
-                "peak_allocated_bytes": _dig(metrics, ("memory", "max", "peak_allocated_bytes"))})
+    row.update(
+        {
+            "backend": metrics.get("backend") or _dig(config, ("backend", "name")),
+            "world_size": metrics.get("world_size"),
+            "verified": metrics.get("verified"),
+            "wall_time_s": metrics.get("wall_time_s"),
+            "peak_allocated_bytes": _dig(metrics, ("memory", "max", "peak_allocated_bytes")),
+        }
+    )
     row.update(_measuring(metrics))
     row.update(_dig(metrics, ("results", "summary")) or {})
     return row
@@ -73,8 +82,7 @@ def _measuring(metrics: dict[str, Any]) -> dict[str, Any]:
     wall = metrics.get("wall_time_s")
     fraction = timed / wall if timed is not None and wall else None
     phases = metrics.get("wall_phases_s") or {}
-    return {"timed_s": timed, "measuring_fraction": fraction,
-            **{f"wall_{k}_s": phases.get(k) for k in WALL_PHASES}}
+    return {"timed_s": timed, "measuring_fraction": fraction, **{f"wall_{k}_s": phases.get(k) for k in WALL_PHASES}}
 
 
 def _round_columns(sweep_dir: Path, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -85,7 +93,7 @@ def _round_columns(sweep_dir: Path, metrics: dict[str, Any]) -> dict[str, Any]:
     tag = str(metrics.get("tag"))
     rounds = [read_json(unit_dir(sweep_dir, tag, r) / METRICS_FILE) or {} for r in range(1, repeats + 1)]
     out: dict[str, Any] = {"repeats": repeats}
-    for key in (_dig(metrics, ("results", "summary")) or {}):
+    for key in _dig(metrics, ("results", "summary")) or {}:
         if key.endswith("_median_s"):
             values = [_dig(m, ("results", "summary", key)) for m in rounds]
             out[f"{key}_rounds"] = ";".join("" if v is None else f"{v:.6g}" for v in values)
@@ -108,13 +116,19 @@ def _earlier_jobs(sweep_dir: Path, known: set[str]) -> list[dict[str, Any]]:
     for job_dir in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and p.name not in known):
         metrics = read_json(job_dir / METRICS_FILE)
         if isinstance(metrics, dict) and metrics.get("tag") == job_dir.name:
-            rows.append({**job_row(metrics), **_round_columns(sweep_dir, metrics), "resumed": False,
-                         "this_run": False})
+            rows.append({**job_row(metrics), **_round_columns(sweep_dir, metrics), "resumed": False, "this_run": False})
     return rows
 
 
-def aggregate_sweep(sweep_dir: Path, jobs: Iterable[Any], *, resumed: set[str], crashed: dict[str, str],
-                    skipped: dict[str, str] | None = None, not_run: dict[str, str] | None = None) -> pd.DataFrame:
+def aggregate_sweep(
+    sweep_dir: Path,
+    jobs: Iterable[Any],
+    *,
+    resumed: set[str],
+    crashed: dict[str, str],
+    skipped: dict[str, str] | None = None,
+    not_run: dict[str, str] | None = None,
+) -> pd.DataFrame:
     """Write ``results.csv`` and ``results.parquet`` (atomically) and return the table. ``this_run``
     marks the jobs this invocation ran: those of ``jobs`` not ``resumed``. ``skipped`` (did not
     fit) and ``not_run`` (a stop came first) map such jobs' tags to why: with no record of their

@@ -111,8 +111,11 @@ def print_unfit(jobs: list[PlannedJob]) -> None:
     CPU of a machine with GPUs."""
     skipped = [j for j in jobs if j.fit]
     if skipped:
-        print(f"sweepbench: skipping {len(skipped)} of {len(jobs)} jobs, they do not fit where they would run "
-              f"(sweep.on_unfit=refuse refuses the sweep instead):", flush=True)
+        print(
+            f"sweepbench: skipping {len(skipped)} of {len(jobs)} jobs, they do not fit where they would run "
+            f"(sweep.on_unfit=refuse refuses the sweep instead):",
+            flush=True,
+        )
         for job in skipped:
             print(f"  {job.tag}: {job.fit}", flush=True)
     fallback = [(j, note) for j in jobs if not j.fit and (note := cpu_fallback_note(j.cfg, j.world_size))]
@@ -125,8 +128,9 @@ def _save_sweep_config(sweeper: Any, sweep_dir: Path) -> None:
     try:
         write_atomic(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(sweeper.config))
     except OSError as err:
-        exit_bad_input(f"hydra.sweep.dir={sweep_dir} cannot be written: {err.strerror or err}; "
-                       f"choose another hydra.sweep.dir")
+        exit_bad_input(
+            f"hydra.sweep.dir={sweep_dir} cannot be written: {err.strerror or err}; choose another hydra.sweep.dir"
+        )
 
 
 def _resume_command(sweep_dir: Path) -> str:
@@ -155,8 +159,9 @@ def run_sweep(sweeper: Any, arguments: list[str]) -> list[Any]:
         return _run_locked(sweeper, jobs, sweep_dir)
 
 
-def _launch_rounds(sweeper: Any, jobs: list[PlannedJob], todo: list[rounds.Unit],
-                   crashed: dict[rounds.Unit, str]) -> list[Any]:
+def _launch_rounds(
+    sweeper: Any, jobs: list[PlannedJob], todo: list[rounds.Unit], crashed: dict[rounds.Unit, str]
+) -> list[Any]:
     """Launch the rounds of ``todo``, round by round (all of round 1, then round 2, ...); a stop
     asked for ends it after the running job. Jobs that raised go to ``crashed`` ({round: error})."""
     by_tag = {j.tag: j for j in jobs}
@@ -166,17 +171,17 @@ def _launch_rounds(sweeper: Any, jobs: list[PlannedJob], todo: list[rounds.Unit]
         batch = [tag for tag, rr in todo if rr == r]
         # where the ranks start here, one job a call: a job whose files cannot be written (a full
         # disk: Hydra saves the job's config before it runs) fails alone, and the rest still run
-        for part in ([[t] for t in batch] if runs_locally(sweeper) else [batch]):
+        for part in [[t] for t in batch] if runs_locally(sweeper) else [batch]:
             try:
-                done = list(sweeper.launcher.launch([by_tag[t].round_overrides(r) for t in part],
-                                                    initial_job_idx=num))
+                done = list(sweeper.launcher.launch([by_tag[t].round_overrides(r) for t in part], initial_job_idx=num))
             except OSError as err:
                 done = []
                 crashed.update({(t, r): f"{type(err).__name__}: {err}" for t in part})
             num += len(part)
             returns += done
-            crashed.update({(t, r): _crash_message(ret) for t, ret in zip(part, done)
-                            if ret.status == JobStatus.FAILED})
+            crashed.update(
+                {(t, r): _crash_message(ret) for t, ret in zip(part, done) if ret.status == JobStatus.FAILED}
+            )
             if interrupt.requested() is not None:
                 return returns
     return returns
@@ -216,20 +221,24 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
         preload.release_kept()  # launch.keep_ranks: the sweep's ranks leave with it
     if repeats > 1:
         try:
-            rounds.write_combined(sweep_dir, [j.tag for j in jobs], repeats=repeats,
-                                  crashed={(t, r): m for (t, r), m in crashed.items() if r is not None})
+            rounds.write_combined(
+                sweep_dir,
+                [j.tag for j in jobs],
+                repeats=repeats,
+                crashed={(t, r): m for (t, r), m in crashed.items() if r is not None},
+            )
         except OSError as err:
             print(f"sweepbench: the jobs' records of their rounds were not combined: {err}", file=sys.stderr)
     first_crash = {tag: msg for (tag, _), msg in reversed(list(crashed.items()))}
     not_run: dict[str, str] = {}
     if stopped_by is not None:  # the units this run never started: not run, never "failed"
         unstarted = {tag for tag, r in todo if status.unit_label(tag, r) not in progress.started}
-        not_run = {tag: f"not started: the sweep was stopped by {signal.Signals(stopped_by).name} first"
-                   for tag in unstarted}
+        not_run = {
+            tag: f"not started: the sweep was stopped by {signal.Signals(stopped_by).name} first" for tag in unstarted
+        }
         for tag in unstarted:
             forget_unstarted(sweep_dir / tag)
-    table = aggregate_sweep(sweep_dir, every, resumed=resumed, crashed=first_crash, skipped=skipped,
-                            not_run=not_run)
+    table = aggregate_sweep(sweep_dir, every, resumed=resumed, crashed=first_crash, skipped=skipped, not_run=not_run)
     print_summary(table, sweep_dir=sweep_dir)
     print_measuring_fraction(table)
     try:  # the HTML report (sweepbench.report): a failure to write it never fails the sweep
@@ -242,18 +251,27 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
         name = signal.Signals(stopped_by).name
         finished = int((table["this_run"] & (table["status"] == "ok")).sum())
         ran = len({tag for tag, _ in todo})
-        print(f"sweepbench: interrupted by {name}: {finished} of {ran} jobs of this run finished ok; "
-              f"resume with: {_resume_command(sweep_dir)}", file=sys.stderr)
+        print(
+            f"sweepbench: interrupted by {name}: {finished} of {ran} jobs of this run finished ok; "
+            f"resume with: {_resume_command(sweep_dir)}",
+            file=sys.stderr,
+        )
         sys.exit(128 + stopped_by)
     grid = table[table["this_run"] | table["resumed"]]  # jobs of earlier grids do not decide the exit code
     failed = grid[~grid["status"].isin(["ok", "skipped"])]
     if len(failed):
-        print(f"sweepbench: {len(failed)} of {len(grid)} jobs did not finish ok "
-              f"({table.attrs.get('not_written') or 'see ' + str(sweep_dir / 'results.csv')})", file=sys.stderr)
+        print(
+            f"sweepbench: {len(failed)} of {len(grid)} jobs did not finish ok "
+            f"({table.attrs.get('not_written') or 'see ' + str(sweep_dir / 'results.csv')})",
+            file=sys.stderr,
+        )
         sys.exit(1)
     if skipped:
-        print(f"sweepbench: {len(skipped)} of {len(grid)} jobs skipped (they do not fit where they would run; "
-              f"see {sweep_dir / 'results.csv'}); every job that ran finished ok", file=sys.stderr)
+        print(
+            f"sweepbench: {len(skipped)} of {len(grid)} jobs skipped (they do not fit where they would run; "
+            f"see {sweep_dir / 'results.csv'}); every job that ran finished ok",
+            file=sys.stderr,
+        )
         sys.exit(EXIT_SKIPPED)
     return [returns]
 
@@ -275,8 +293,10 @@ def print_measuring_fraction(table: Any) -> None:
     timed = float(ran["timed_s"].sum())
     each = ran["measuring_fraction"].dropna()
     spread = f"; per job {each.min():.1%} to {each.max():.1%}" if len(each) > 1 else ""
-    print(f"sweepbench: measuring fraction {timed / wall:.1%}: {timed:.2f} s timed of {wall:.1f} s job wall "
-          f"time ({len(ran)} jobs ok this run{spread})")
+    print(
+        f"sweepbench: measuring fraction {timed / wall:.1%}: {timed:.2f} s timed of {wall:.1f} s job wall "
+        f"time ({len(ran)} jobs ok this run{spread})"
+    )
     went = {name: ran[f"wall_{key}_s"] for key, name in WALL_PHASES.items()}  # aggregate writes them with timed_s
     if all(v.notna().all() for v in went.values()):  # every job told where its time went
         print("sweepbench: job wall time went to " + ", ".join(f"{name} {v.sum():.1f} s" for name, v in went.items()))

@@ -11,8 +11,9 @@ import sys
 from typing import NoReturn
 
 _SEARCH_PATH = re.compile(r"\s*Config search path:.*$", re.S)
-_MISSING_OPTION = re.compile(r"Could not find '(?P<group>[^']+)/(?P<option>[^']+)'\s*Available options in '[^']+':\s*(?P<opts>.*)$",
-                             re.S)
+_MISSING_OPTION = re.compile(
+    r"Could not find '(?P<group>[^']+)/(?P<option>[^']+)'\s*Available options in '[^']+':\s*(?P<opts>.*)$", re.S
+)
 _BAD_KEY = re.compile(r"Could not override '(?P<key>[^']+)'\..*?Key '(?P<leaf>[^']+)' not in '(?P<node>[^']+)'", re.S)
 
 

@@ -68,8 +68,10 @@ def print_plan(jobs: Iterable[Any], *, sweep_dir: Path, hydra_overrides: Iterabl
         print(f"dry run: {sweep_dir} (no rank started); {len(jobs)} jobs, one per line:")
         for job in jobs:
             fits = "no: " + job.fit if job.fit else "yes"
-            print(f"  {job.tag}: {job.world_size} ranks, backend {_backend(job)}, fits here: {fits}; alone: "
-                  f"{job_command(job, sweep_dir=sweep_dir, hydra_overrides=hydra_overrides)}")
+            print(
+                f"  {job.tag}: {job.world_size} ranks, backend {_backend(job)}, fits here: {fits}; alone: "
+                f"{job_command(job, sweep_dir=sweep_dir, hydra_overrides=hydra_overrides)}"
+            )
     else:
         table = Table(title=f"dry run: {sweep_dir} (no rank started)")
         table.add_column("tag", overflow="fold")
@@ -77,8 +79,16 @@ def print_plan(jobs: Iterable[Any], *, sweep_dir: Path, hydra_overrides: Iterabl
             table.add_column(col)
         for job in jobs:
             c = job.cfg
-            table.add_row(job.tag, str(job.world_size), c.benchmark.name, c.model.name,
-                          c.parallelism.name, _backend(job), c.mode.name, "no (see below)" if job.fit else "yes")
+            table.add_row(
+                job.tag,
+                str(job.world_size),
+                c.benchmark.name,
+                c.model.name,
+                c.parallelism.name,
+                _backend(job),
+                c.mode.name,
+                "no (see below)" if job.fit else "yes",
+            )
         console.print(table)
         print(f"{len(jobs)} jobs; each alone:")
         for job in jobs:
@@ -86,8 +96,10 @@ def print_plan(jobs: Iterable[Any], *, sweep_dir: Path, hydra_overrides: Iterabl
             print(f"    fits here: {'no: ' + job.fit if job.fit else 'yes'}")
     misfits = sum(1 for job in jobs if job.fit)
     if misfits:
-        print(f"{misfits} of {len(jobs)} jobs would not run from this machine (fit notes above); "
-              f"a real run here skips them (sweep.on_unfit=refuse: refuses the sweep)")
+        print(
+            f"{misfits} of {len(jobs)} jobs would not run from this machine (fit notes above); "
+            f"a real run here skips them (sweep.on_unfit=refuse: refuses the sweep)"
+        )
 
 
 def _backend(job: Any) -> str:
@@ -136,7 +148,7 @@ def _label_width(label: str) -> int:
 
 
 def _split_at(label: str) -> tuple[str, str]:
-    """"busbw GB/s @1 KiB" -> ("busbw GB/s", "@1 KiB"): a label and the size it refers to."""
+    """ "busbw GB/s @1 KiB" -> ("busbw GB/s", "@1 KiB"): a label and the size it refers to."""
     base, at, size = label.partition(" @")
     return base, (at.strip() + size) if at else ""
 
@@ -220,8 +232,13 @@ def print_summary(results: "pd.DataFrame", *, sweep_dir: Path) -> None:
         for row, hs in zip(group, heads):
             own = dict(hs)
             cells = [escape(_cell(row, key, own, per_row)) for key, _ in shown]
-            table.add_row(escape(_fmt(row.get("tag"))), _status(row), _fmt(row.get("world_size")), *cells,
-                          escape(_fmt(row.get("error"))))  # an error may hold "[...]"
+            table.add_row(
+                escape(_fmt(row.get("tag"))),
+                _status(row),
+                _fmt(row.get("world_size")),
+                *cells,
+                escape(_fmt(row.get("error"))),
+            )  # an error may hold "[...]"
         console.print(table)
     try:  # the answer is read back from the jobs' records: a failure here never fails the sweep
         answers = print_answer(sweep_dir, console=console)
@@ -239,7 +256,9 @@ def _print_plain(group: list[dict[str, Any]], heads: list[list[tuple[str, str]]]
         numbers = "; ".join(f"{label} {_fmt(row.get(key))}" for key, label in hs if _fmt(row.get(key)))
         error = _fmt(row.get("error"))
         tail = "; ".join(filter(None, [numbers, error]))
-        print(f"  {_fmt(row.get('tag'))}: {status}, {_fmt(row.get('world_size'))} ranks" + (f": {tail}" if tail else ""))
+        print(
+            f"  {_fmt(row.get('tag'))}: {status}, {_fmt(row.get('world_size'))} ranks" + (f": {tail}" if tail else "")
+        )
 
 
 def print_answer(sweep_dir: Path, *, console: Console | None = None) -> list[Any]:
@@ -258,8 +277,9 @@ def print_answer(sweep_dir: Path, *, console: Console | None = None) -> list[Any
             print(f"fastest {a.benchmark} (ranked: {varied}):")
             for r in ranked:
                 first, second = r.entries[:2]
-                print(f"  {r.where}: {first.label} {first.shown()}; runner-up {second.label} "
-                      f"{second.shown()}; {r.gap()}")
+                print(
+                    f"  {r.where}: {first.label} {first.shown()}; runner-up {second.label} {second.shown()}; {r.gap()}"
+                )
             for job in a.failed:  # apart from the ranking: a job that did not finish ok is never ranked
                 print(f"  not ranked: {job['config'] or job['tag']} {job['status']}: {job['error']}")
             continue
@@ -270,15 +290,23 @@ def print_answer(sweep_dir: Path, *, console: Console | None = None) -> list[Any
         table.add_column("gap", overflow="fold")
         for r in ranked[:MAX_RANKINGS]:
             first, second = r.entries[:2]
-            table.add_row(escape(r.where), escape(f"{first.label} {first.shown()}"),
-                          escape(f"{second.label} {second.shown()}"), escape(r.gap()))
+            table.add_row(
+                escape(r.where),
+                escape(f"{first.label} {first.shown()}"),
+                escape(f"{second.label} {second.shown()}"),
+                escape(r.gap()),
+            )
         if len(ranked) > MAX_RANKINGS:
             table.caption = f"{len(ranked) - MAX_RANKINGS} more groups in report.html"
         if ranked:
             console.print(table)
         for job in a.failed:  # apart from the ranking: a job that did not finish ok is never ranked
-            console.print(f"  not ranked: {escape(job['config'] or job['tag'])} [red]{escape(job['status'])}[/red]: "
-                          f"{escape(job['error'][:120])}", soft_wrap=False, highlight=False)
+            console.print(
+                f"  not ranked: {escape(job['config'] or job['tag'])} [red]{escape(job['status'])}[/red]: "
+                f"{escape(job['error'][:120])}",
+                soft_wrap=False,
+                highlight=False,
+            )
     return answers
 
 
@@ -292,5 +320,10 @@ def log_answer(sweep_dir: Path, answers: list[Any]) -> None:
     jobs = [j for a in answers for r in a.rankings for e in r.entries for j in [e.job]]
     group = next((g for j in jobs if (g := (j.get("wandb") or {}).get("group"))), None)
     if rows and group:
-        log_ranking(sweep_dir, group=group, wandb_cfg=jobs[0]["config"].get("wandb") or {},
-                    columns=list(COLUMNS), rows=[[row[c] for c in COLUMNS] for row in rows])
+        log_ranking(
+            sweep_dir,
+            group=group,
+            wandb_cfg=jobs[0]["config"].get("wandb") or {},
+            columns=list(COLUMNS),
+            rows=[[row[c] for c in COLUMNS] for row in rows],
+        )

@@ -44,8 +44,9 @@ def job_state(sweep_dir: Path, job: Any, round_: int | None = None) -> str:
     return "ok"
 
 
-def resume_plan(sweep_dir: Path, jobs: Iterable[Any], *, force: bool,
-                repeats: int = 1) -> tuple[set[Unit], dict[Unit, str]]:
+def resume_plan(
+    sweep_dir: Path, jobs: Iterable[Any], *, force: bool, repeats: int = 1
+) -> tuple[set[Unit], dict[Unit, str]]:
     """(rounds already done and skipped, {round: why it runs} for the others), each round a
     ``(tag, r)`` (r None without rounds)."""
     done: set[Unit] = set()
@@ -67,8 +68,7 @@ def describe(done: set[Unit], why: dict[Unit, str], *, repeats: int = 1) -> str 
         return None
     parts = ", ".join(f"{n} {reason}" for reason, n in reasons.most_common())
     what = "job(s)" if repeats == 1 else "round(s)"
-    return (f"resume: {len(done)} {what} already ok, skipped; {len(why)} to run"
-            + (f" ({parts})" if parts else ""))
+    return f"resume: {len(done)} {what} already ok, skipped; {len(why)} to run" + (f" ({parts})" if parts else "")
 
 
 def retire_old_metrics(sweep_dir: Path, units: Iterable[Unit]) -> None:

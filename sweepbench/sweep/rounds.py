@@ -59,8 +59,13 @@ def _combined_cases(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         middle = _median_low_by(timed, lambda c: c["median_s"])
         mins = [c.get("min_s") for c in timed]
-        cases.append({**middle, "round_medians_s": [c["median_s"] for c in timed],
-                      **({"round_mins_s": mins} if all(isinstance(m, (int, float)) for m in mins) else {})})
+        cases.append(
+            {
+                **middle,
+                "round_medians_s": [c["median_s"] for c in timed],
+                **({"round_mins_s": mins} if all(isinstance(m, (int, float)) for m in mins) else {}),
+            }
+        )
     return cases
 
 
@@ -88,26 +93,36 @@ def combine_rounds(records: list[dict[str, Any] | None], *, crashed: dict[int, s
     bad = next((line for line in lines if line["status"] != "ok"), None)
     combined: dict[str, Any] = dict(present[0]) if present else {}
     combined.pop("wandb", None)  # each round has its own run (rounds/<r>/wandb)
-    combined.update({
-        "repeats": len(records), "rounds": lines,
-        "status": "ok" if bad is None else bad["status"],
-        "error": None if bad is None else f"round {bad['round']} of {len(records)}: {bad['error']}",
-        "verified": bad is None and all(m.get("verified") for m in present),
-        "wall_time_s": sum(m.get("wall_time_s") or 0.0 for m in present),
-        "timed_s": sum(m.get("timed_s") or 0.0 for m in present),
-    })
-    combined["measuring_fraction"] = (combined["timed_s"] / combined["wall_time_s"]
-                                      if combined["wall_time_s"] else None)
+    combined.update(
+        {
+            "repeats": len(records),
+            "rounds": lines,
+            "status": "ok" if bad is None else bad["status"],
+            "error": None if bad is None else f"round {bad['round']} of {len(records)}: {bad['error']}",
+            "verified": bad is None and all(m.get("verified") for m in present),
+            "wall_time_s": sum(m.get("wall_time_s") or 0.0 for m in present),
+            "timed_s": sum(m.get("timed_s") or 0.0 for m in present),
+        }
+    )
+    combined["measuring_fraction"] = combined["timed_s"] / combined["wall_time_s"] if combined["wall_time_s"] else None
     phases = [m.get("wall_phases_s") for m in present]
-    combined["wall_phases_s"] = ({k: sum(p[k] for p in phases) for k in phases[0] if all(k in p for p in phases)}
-                                 if phases and all(isinstance(p, dict) for p in phases) else None)
+    combined["wall_phases_s"] = (
+        {k: sum(p[k] for p in phases) for k in phases[0] if all(k in p for p in phases)}
+        if phases and all(isinstance(p, dict) for p in phases)
+        else None
+    )
     if bad is None:
-        combined["results"] = {**present[0]["results"], "summary": _combined_summary(present),
-                               "cases": _combined_cases(present)}
+        combined["results"] = {
+            **present[0]["results"],
+            "summary": _combined_summary(present),
+            "cases": _combined_cases(present),
+        }
         per_rank = [m["memory"]["max"] for m in present if m.get("memory")]
         keys = {k for m in per_rank for k in m}
-        combined["memory"] = {"max": {k: max((m[k] for m in per_rank if m.get(k) is not None), default=None)
-                                      for k in sorted(keys)}, "per_round": per_rank}
+        combined["memory"] = {
+            "max": {k: max((m[k] for m in per_rank if m.get(k) is not None), default=None) for k in sorted(keys)},
+            "per_round": per_rank,
+        }
     else:
         combined["results"] = {}
     if present:
@@ -115,8 +130,7 @@ def combine_rounds(records: list[dict[str, Any] | None], *, crashed: dict[int, s
     return combined
 
 
-def write_combined(sweep_dir: Path, tags: Iterable[str], *, repeats: int,
-                   crashed: dict[tuple[str, int], str]) -> None:
+def write_combined(sweep_dir: Path, tags: Iterable[str], *, repeats: int, crashed: dict[tuple[str, int], str]) -> None:
     """(Re)write ``<tag>/metrics.json`` of each job from its rounds 1..repeats; unchanged
     records are left alone (their mtime says when the job last changed)."""
     for tag in tags:

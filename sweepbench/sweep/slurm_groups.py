@@ -45,15 +45,19 @@ def clear_notes(job_dir: Path) -> None:
 
 
 def chunks(items: list[Any], size: int) -> list[list[Any]]:
-    return [items[i:i + size] for i in range(0, len(items), size)]
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def _peer_failed(job_dir: Path, rank: int) -> int | None:
     """The rank of a peer whose process of this job ended badly on its own, if any."""
     for path in (job_dir / "logs").glob("group_rank*.json"):
         note = read_json(path)
-        if isinstance(note, dict) and note.get("rank") != rank and note.get("stopped_for_peer") is None \
-                and (note.get("exit_code") or note.get("timed_out")):
+        if (
+            isinstance(note, dict)
+            and note.get("rank") != rank
+            and note.get("stopped_for_peer") is None
+            and (note.get("exit_code") or note.get("timed_out"))
+        ):
             return int(note["rank"])
     return None
 
@@ -65,8 +69,15 @@ class GroupTask:
     def __init__(self, task: Any) -> None:
         self.task = task  # slurm_submit.TaskFunction: one rank of one job
 
-    def __call__(self, overrides: Sequence[Sequence[str]], nums: Sequence[int], request: Any,
-                 job_dirs: Sequence[str], job_timeout_s: float, keep: bool = False) -> list[int]:
+    def __call__(
+        self,
+        overrides: Sequence[Sequence[str]],
+        nums: Sequence[int],
+        request: Any,
+        job_dirs: Sequence[str],
+        job_timeout_s: float,
+        keep: bool = False,
+    ) -> list[int]:
         import cloudpickle
         import submitit
 
@@ -101,8 +112,12 @@ class _Child:
 
     def __init__(self) -> None:
         self.results, result_w = os.pipe()
-        self.proc = subprocess.Popen([sys.executable, "-m", "sweepbench.sweep.slurm_groups", str(result_w)],
-                                     stdin=subprocess.PIPE, pass_fds=(result_w,), start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sweepbench.sweep.slurm_groups", str(result_w)],
+            stdin=subprocess.PIPE,
+            pass_fds=(result_w,),
+            start_new_session=True,
+        )
         os.close(result_w)
 
     def run(self, payload: bytes, job_dir: Path, *, rank: int, slot: int, job_id: str, timeout_s: float) -> int:
@@ -125,13 +140,26 @@ class _Child:
             if timed_out or peer is not None:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 code = self.proc.wait()
-        print(f"sweepbench group: slot {slot} ({job_dir.name}) rank {rank}: exit code {code}"
-              f"{', timed out' if timed_out else ''}"
-              f"{f', stopped as rank {peer} failed' if peer is not None else ''}", flush=True)
-        write_json_atomic(note_path(job_dir, rank), {
-            "rank": rank, "slot": slot, "allocation": job_id, "pid": self.proc.pid, "exit_code": code,
-            "timed_out": timed_out, "stopped_for_peer": peer, "elapsed_s": round(time.monotonic() - tic, 3),
-            "timeout_s": timeout_s})
+        print(
+            f"sweepbench group: slot {slot} ({job_dir.name}) rank {rank}: exit code {code}"
+            f"{', timed out' if timed_out else ''}"
+            f"{f', stopped as rank {peer} failed' if peer is not None else ''}",
+            flush=True,
+        )
+        write_json_atomic(
+            note_path(job_dir, rank),
+            {
+                "rank": rank,
+                "slot": slot,
+                "allocation": job_id,
+                "pid": self.proc.pid,
+                "exit_code": code,
+                "timed_out": timed_out,
+                "stopped_for_peer": peer,
+                "elapsed_s": round(time.monotonic() - tic, 3),
+                "timeout_s": timeout_s,
+            },
+        )
         return code
 
     def end(self) -> None:
@@ -166,14 +194,16 @@ def _exit_words(code: int) -> str:
 
 def group_outcome(job_dir: Path) -> GroupOutcome | None:
     """How a job of a group ended badly, per its tasks' notes; None without notes (it never ran)."""
-    notes = [n for n in (read_json(p) for p in sorted((job_dir / "logs").glob("group_rank*.json")))
-             if isinstance(n, dict)]
+    notes = [
+        n for n in (read_json(p) for p in sorted((job_dir / "logs").glob("group_rank*.json"))) if isinstance(n, dict)
+    ]
     if not notes:
         return None
     where = f"job {notes[0]['slot'] + 1} of its allocation's group"
     if timed := [n for n in notes if n.get("timed_out")]:
-        return GroupOutcome("timeout", f"{where}: per-job time limit of {timed[0]['timeout_s']:g} s reached "
-                                       f"(rank {timed[0]['rank']})")
+        return GroupOutcome(
+            "timeout", f"{where}: per-job time limit of {timed[0]['timeout_s']:g} s reached (rank {timed[0]['rank']})"
+        )
     for n in notes:
         if n.get("exit_code") and n.get("stopped_for_peer") is None:
             return GroupOutcome("failed", f"{where}: rank {n['rank']}'s process {_exit_words(n['exit_code'])}")

@@ -68,9 +68,14 @@ class TaskFunction:
             if rank != 0:
                 cfg.hydra.output_subdir = None  # rank 0 writes .hydra/
         start_rank_log(Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir), rank)
-        ret = run_job(hydra_context=self.hydra_context, task_function=self.task_function, config=cfg,
-                      job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir",
-                      configure_logging=rank == 0)
+        ret = run_job(
+            hydra_context=self.hydra_context,
+            task_function=self.task_function,
+            config=cfg,
+            job_dir_key="hydra.sweep.dir",
+            job_subdir_key="hydra.sweep.subdir",
+            configure_logging=rank == 0,
+        )
         if ret.status == JobStatus.FAILED:  # rank 0 after recording (RankZeroFailed), or any other rank
             raise ret._return_value  # the task fails: SLURM (srun --kill-on-bad-exit) ends the job
         return ret
@@ -119,7 +124,9 @@ def plan_all(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_
         try:
             specs.append(plan_job(launcher, overrides, initial_job_idx + i))
         except ValueError as err:
-            exit_bad_input(f"{error_line(err)} (in job: {' '.join(o for o in overrides if not o.startswith('hydra.'))})")
+            exit_bad_input(
+                f"{error_line(err)} (in job: {' '.join(o for o in overrides if not o.startswith('hydra.'))})"
+            )
     return specs
 
 
@@ -148,16 +155,20 @@ def describe_jobs(launcher: Any, job_overrides: Sequence[Sequence[str]]) -> None
         if per_allocation > 1:  # the script is the allocations'
             groups = chunks(specs, per_allocation)
             request = dataclasses.replace(request, timeout_min=request.timeout_min * max(len(g) for g in groups))
-            say(f"{label}: these {len(specs)} job(s) go in {len(groups)} allocation(s) of up to {per_allocation} "
-                f"jobs each, one after the other: {request.describe()}")
+            say(
+                f"{label}: these {len(specs)} job(s) go in {len(groups)} allocation(s) of up to {per_allocation} "
+                f"jobs each, one after the other: {request.describe()}"
+            )
         try:
             inner = _executor(launcher, request)._executor
             script = inner._make_submission_file_text(inner._submitit_command_str, "dry-run")
         except RuntimeError as err:  # e.g. no srun on this machine
             script = f"# (no submission script: {err})"
         if script:
-            print(f"# {label} submission script for {len(specs)} job(s) (an array of them if several):\n"
-                  f"{script}", flush=True)
+            print(
+                f"# {label} submission script for {len(specs)} job(s) (an array of them if several):\n{script}",
+                flush=True,
+            )
 
 
 def launch_jobs(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
@@ -175,7 +186,8 @@ def launch_jobs(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_j
         try:
             if per_allocation == 1:
                 jobs = _executor(launcher, request).map_array(
-                    task, [s.overrides for s in group], [s.num for s in group], [request] * len(group))
+                    task, [s.overrides for s in group], [s.num for s in group], [request] * len(group)
+                )
                 placed = [(job, request.describe()) for job in jobs]
             else:
                 placed = _submit_groups(launcher, task, request, chunks(group, per_allocation))
@@ -189,31 +201,49 @@ def launch_jobs(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_j
     order = [tracked[s.tag] for s in specs if s.tag in tracked]
     try:
         if order:
-            say(f"{label} logs: {Path(str(launcher.params['submitit_folder'])).parent}/<job id>/ "
-                f"and <job dir>/logs/")
-            wait_all(order, WATCHERS[launcher.cluster](), poll_s=float(launcher.params.get("poll_s") or 5),
-                     label=label, say=say)
+            say(f"{label} logs: {Path(str(launcher.params['submitit_folder'])).parent}/<job id>/ and <job dir>/logs/")
+            wait_all(
+                order,
+                WATCHERS[launcher.cluster](),
+                poll_s=float(launcher.params.get("poll_s") or 5),
+                label=label,
+                say=say,
+            )
     except KeyboardInterrupt:
         ids = " ".join(str(t.job.job_id) for t in order if not t.finished)
         say(f"interrupted; jobs still queued or running: {ids or 'none'} (cancel: scancel {ids})")
         raise
-    return [rejected[s.tag] if s.tag in rejected else finish(s, tracked[s.tag], label=label, group=group_name)
-            for s in specs]
+    return [
+        rejected[s.tag] if s.tag in rejected else finish(s, tracked[s.tag], label=label, group=group_name)
+        for s in specs
+    ]
 
 
-def _submit_groups(launcher: Any, task: TaskFunction, request: SlurmRequest,
-                   groups: list[list[JobSpec]]) -> list[tuple[Any, str]]:
+def _submit_groups(
+    launcher: Any, task: TaskFunction, request: SlurmRequest, groups: list[list[JobSpec]]
+) -> list[tuple[Any, str]]:
     """One array task (one allocation) per group, its time limit the per-job one x the group's
     size; (the allocation's job, what to say) for each job of the groups, in order."""
     size = max(len(g) for g in groups)
     allocation = dataclasses.replace(request, timeout_min=request.timeout_min * size)
     jobs = _executor(launcher, allocation).map_array(
-        GroupTask(task), [[s.overrides for s in g] for g in groups], [[s.num for s in g] for g in groups],
-        [request] * len(groups), [[str(s.job_dir) for s in g] for g in groups],
-        [request.timeout_min * 60] * len(groups), [bool(g[0].cfg.launch.keep_ranks) for g in groups])
-    return [(job, f"{allocation.describe()}, job {i + 1} of {len(g)} in this allocation "
-                  f"(per-job limit {request.timeout_min} min)")
-            for g, job in zip(groups, jobs) for i in range(len(g))]
+        GroupTask(task),
+        [[s.overrides for s in g] for g in groups],
+        [[s.num for s in g] for g in groups],
+        [request] * len(groups),
+        [[str(s.job_dir) for s in g] for g in groups],
+        [request.timeout_min * 60] * len(groups),
+        [bool(g[0].cfg.launch.keep_ranks) for g in groups],
+    )
+    return [
+        (
+            job,
+            f"{allocation.describe()}, job {i + 1} of {len(g)} in this allocation "
+            f"(per-job limit {request.timeout_min} min)",
+        )
+        for g, job in zip(groups, jobs)
+        for i in range(len(g))
+    ]
 
 
 def _by_driver(spec: JobSpec, why: str) -> str:
@@ -225,11 +255,19 @@ def _by_driver(spec: JobSpec, why: str) -> str:
 def _record_unsubmitted(spec: JobSpec, error: str, group: str) -> JobReturn:
     say(f"{spec.tag}: failed ({error})")
     env = {**capture_env(), "recorded_by": _by_driver(spec, "the job was not submitted")}
-    record_job(spec.cfg, JobOutcome("failed", error), job_dir=spec.job_dir, tag=spec.tag, world_size=spec.world_size,
-               overrides=spec.user_overrides, group=group, wall_time_s=0.0, env=env,
-               extra={"slurm": {"job_id": None, "state": "NOT_SUBMITTED", "exit_code": None, "logs": None}})
-    return JobReturn(overrides=spec.overrides, cfg=spec.cfg, status=JobStatus.FAILED,
-                     _return_value=RuntimeError(error))
+    record_job(
+        spec.cfg,
+        JobOutcome("failed", error),
+        job_dir=spec.job_dir,
+        tag=spec.tag,
+        world_size=spec.world_size,
+        overrides=spec.user_overrides,
+        group=group,
+        wall_time_s=0.0,
+        env=env,
+        extra={"slurm": {"job_id": None, "state": "NOT_SUBMITTED", "exit_code": None, "logs": None}},
+    )
+    return JobReturn(overrides=spec.overrides, cfg=spec.cfg, status=JobStatus.FAILED, _return_value=RuntimeError(error))
 
 
 def _task0_return(t: Tracked) -> JobReturn | None:
@@ -243,8 +281,9 @@ def _task0_return(t: Tracked) -> JobReturn | None:
     return value if outcome == "success" and isinstance(value, JobReturn) else None
 
 
-def _failure(spec: JobSpec, t: Tracked, metrics: dict[str, Any] | None, ret0: JobReturn | None,
-             label: str) -> tuple[str, str, str]:
+def _failure(
+    spec: JobSpec, t: Tracked, metrics: dict[str, Any] | None, ret0: JobReturn | None, label: str
+) -> tuple[str, str, str]:
     """(status, error, summary) of a job that did not finish ok: how SLURM ended it (and how its
     first task died, per srun), what the job itself saw, then the tail of its stderr."""
     state = t.info.state
@@ -276,26 +315,44 @@ def finish(spec: JobSpec, t: Tracked, *, label: str, group: str) -> JobReturn:
     metrics = read_json(spec.job_dir / METRICS_FILE)
     # it recorded itself; in a group the allocation's state is not this job's: a rank that failed
     # as its peer was stopped at the per-job limit records a failure that the notes call a timeout
-    if metrics and (metrics.get("status") == "ok"
-                    or (t.info.state == "COMPLETED" and group_outcome(spec.job_dir) is None)):
+    if metrics and (
+        metrics.get("status") == "ok" or (t.info.state == "COMPLETED" and group_outcome(spec.job_dir) is None)
+    ):
         ok = metrics.get("status") == "ok"
-        return ret0 or JobReturn(overrides=spec.overrides, cfg=spec.cfg,
-                                 status=JobStatus.COMPLETED if ok else JobStatus.FAILED,
-                                 _return_value=metrics if ok else RuntimeError(metrics.get("error")))
+        return ret0 or JobReturn(
+            overrides=spec.overrides,
+            cfg=spec.cfg,
+            status=JobStatus.COMPLETED if ok else JobStatus.FAILED,
+            _return_value=metrics if ok else RuntimeError(metrics.get("error")),
+        )
     status, error, how = _failure(spec, t, metrics, ret0, label)
-    slurm = {"job_id": str(t.job.job_id), "state": t.info.state, "exit_code": t.info.exit_code,
-             "logs": str(t.job.paths.folder)}
+    slurm = {
+        "job_id": str(t.job.job_id),
+        "state": t.info.state,
+        "exit_code": t.info.exit_code,
+        "logs": str(t.job.paths.folder),
+    }
     if metrics:
         metrics.update(status=status, error=error, verified=False, slurm=slurm)
         write_json_atomic(spec.job_dir / METRICS_FILE, metrics)
     else:  # rank 0 died before it recorded: a wandb run it had begun is replaced by a whole one
         shutil.rmtree(spec.job_dir / "wandb", ignore_errors=True)
         env = read_json(spec.job_dir / ENV_FILE) or {
-            **capture_env(), "slurm": {"job_id": str(t.job.job_id)},
-            "recorded_by": _by_driver(spec, "the job left no env.json")}
-        record_job(spec.cfg, JobOutcome(status, error), job_dir=spec.job_dir, tag=spec.tag,
-                   world_size=spec.world_size, overrides=spec.user_overrides, group=group,
-                   wall_time_s=t.info.elapsed_s or 0.0, env=env, extra={"slurm": slurm})
+            **capture_env(),
+            "slurm": {"job_id": str(t.job.job_id)},
+            "recorded_by": _by_driver(spec, "the job left no env.json"),
+        }
+        record_job(
+            spec.cfg,
+            JobOutcome(status, error),
+            job_dir=spec.job_dir,
+            tag=spec.tag,
+            world_size=spec.world_size,
+            overrides=spec.user_overrides,
+            group=group,
+            wall_time_s=t.info.elapsed_s or 0.0,
+            env=env,
+            extra={"slurm": slurm},
+        )
     say(f"{spec.tag}: {status} ({how})")
-    return JobReturn(overrides=spec.overrides, cfg=spec.cfg, status=JobStatus.FAILED,
-                     _return_value=RuntimeError(error))
+    return JobReturn(overrides=spec.overrides, cfg=spec.cfg, status=JobStatus.FAILED, _return_value=RuntimeError(error))

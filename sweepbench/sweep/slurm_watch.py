@@ -16,12 +16,31 @@ from typing import Any, Callable, Protocol
 
 from sweepbench.record.atomic import read_json
 
-PENDING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESIZING",
-                     "SUSPENDED", "UNKNOWN", "PREEMPTED"})  # PREEMPTED: awaiting its requeue
+PENDING = frozenset(
+    {
+        "PENDING",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "CONFIGURING",
+        "RESIZING",
+        "SUSPENDED",
+        "UNKNOWN",
+        "PREEMPTED",
+    }
+)  # PREEMPTED: awaiting its requeue
 RUNNING = frozenset({"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"})
 # Pending reasons that do not pass: the request exceeds what the partition or account allows.
-NEVER_STARTS = frozenset({"PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints", "InvalidAccount",
-                          "InvalidQOS", "DependencyNeverSatisfied"})
+NEVER_STARTS = frozenset(
+    {
+        "PartitionNodeLimit",
+        "PartitionTimeLimit",
+        "BadConstraints",
+        "InvalidAccount",
+        "InvalidQOS",
+        "DependencyNeverSatisfied",
+    }
+)
 PREEMPTED_GRACE_S = 300.0  # a job PREEMPTED this long without being requeued is over
 HEARTBEAT_S = 60.0
 TAIL_LINES = 3  # per log file
@@ -104,8 +123,16 @@ class SlurmWatcher:
             return
         read = SlurmInfoWatcher().read_info  # knows array ids and ranges ("12_[3-5]")
         queue = _run(["squeue", "-h", "-u", getpass.getuser(), "-o", "%i|%T|%r"])
-        acct = _run(["sacct", "-X", "--parsable2", "-o", "JobID,State,ExitCode,ElapsedRaw",
-                     *[arg for job_id in ids for arg in ("-j", job_id)]])
+        acct = _run(
+            [
+                "sacct",
+                "-X",
+                "--parsable2",
+                "-o",
+                "JobID,State,ExitCode,ElapsedRaw",
+                *[arg for job_id in ids for arg in ("-j", job_id)],
+            ]
+        )
         queued = read("JobID|State|Reason\n" + queue) if queue is not None else {}
         accounted = read(acct) if acct is not None else {}
         for t in jobs:
@@ -117,8 +144,9 @@ class SlurmWatcher:
                 t.info.state, t.info.reason = live, (in_queue or {}).get("Reason")
             elif row and _state(row) not in PENDING | RUNNING:  # over, per accounting: the final word
                 elapsed = row.get("ElapsedRaw") or ""
-                t.info = JobState(_state(row), row.get("ExitCode") or None,
-                                  float(elapsed) if elapsed.isdigit() else None)
+                t.info = JobState(
+                    _state(row), row.get("ExitCode") or None, float(elapsed) if elapsed.isdigit() else None
+                )
             elif live:  # over per slurmctld but not yet in accounting: wait for its exit code
                 t.info.state = "COMPLETING" if live not in PENDING | RUNNING and acct is not None else live
                 t.info.reason = (in_queue or {}).get("Reason")
@@ -159,8 +187,7 @@ def is_final(t: Tracked) -> bool:
     return all(o == "success" for o in t.task_outcomes())
 
 
-def wait_all(jobs: list[Tracked], watcher: Watcher, *, poll_s: float, label: str,
-             say: Callable[[str], None]) -> None:
+def wait_all(jobs: list[Tracked], watcher: Watcher, *, poll_s: float, label: str, say: Callable[[str], None]) -> None:
     """Poll until every job is over, saying what changes."""
     start = last_said = time.monotonic()
     last_counts: Counter[str] | None = None
@@ -180,8 +207,10 @@ def wait_all(jobs: list[Tracked], watcher: Watcher, *, poll_s: float, label: str
         counts = Counter(t.category() for t in jobs)
         now = time.monotonic()
         if counts != last_counts or now - last_said > HEARTBEAT_S:
-            say(f"{label}: {len(jobs)} jobs: {counts['pending']} pending, {counts['running']} running, "
-                f"{counts['done']} done, {counts['failed']} failed ({now - start:.0f}s)")
+            say(
+                f"{label}: {len(jobs)} jobs: {counts['pending']} pending, {counts['running']} running, "
+                f"{counts['done']} done, {counts['failed']} failed ({now - start:.0f}s)"
+            )
             last_counts, last_said = counts, now
         if all(t.finished for t in jobs):
             return

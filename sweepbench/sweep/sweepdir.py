@@ -65,12 +65,20 @@ class SweepLock:
         except BlockingIOError:
             os.close(self.fd)
             holder = read_json(self.sweep_dir / HOLDER_FILE) or {}
-            who = (f"pid {holder.get('pid')} on {holder.get('host')}, since {holder.get('since')}"
-                   if holder else "a process that has not said who it is yet")
-            self.fail(f"hydra.sweep.dir={self.sweep_dir} is in use by another sweep ({who}); wait for it to "
-                      f"finish or choose another hydra.sweep.dir")
-        write_atomic(self.sweep_dir / HOLDER_FILE, json.dumps(
-            {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
+            who = (
+                f"pid {holder.get('pid')} on {holder.get('host')}, since {holder.get('since')}"
+                if holder
+                else "a process that has not said who it is yet"
+            )
+            self.fail(
+                f"hydra.sweep.dir={self.sweep_dir} is in use by another sweep ({who}); wait for it to "
+                f"finish or choose another hydra.sweep.dir"
+            )
+        write_atomic(
+            self.sweep_dir / HOLDER_FILE,
+            json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S")})
+            + "\n",
+        )
         return self
 
     def __exit__(self, *exc: object) -> None:

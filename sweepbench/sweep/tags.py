@@ -86,16 +86,19 @@ def make_tag(cfg: DictConfig, *, world_size: int) -> str:
     try:
         readable = _drop_omitted(cfg.sweep.tag_format.format(**fields))
     except (KeyError, IndexError) as err:
-        raise ValueError(f"sweep.tag_format={cfg.sweep.tag_format!r} uses unknown field {err}; "
-                         f"valid fields: {', '.join(fields)}") from None
+        raise ValueError(
+            f"sweep.tag_format={cfg.sweep.tag_format!r} uses unknown field {err}; valid fields: {', '.join(fields)}"
+        ) from None
     if "{hash}" not in readable:
         raise ValueError(f"sweep.tag_format={cfg.sweep.tag_format!r} must contain {{hash}}")
     head, _, tail = readable.partition("{hash}")
     head, tail = _UNSAFE.sub("-", head), _UNSAFE.sub("-", tail)
     room = cfg.sweep.tag_max_len - HASH_LEN - len(tail)
     if room < 0:
-        raise ValueError(f"sweep.tag_max_len={cfg.sweep.tag_max_len} is too short for the tag's fixed "
-                         f"part; use at least {HASH_LEN + len(tail)}")
+        raise ValueError(
+            f"sweep.tag_max_len={cfg.sweep.tag_max_len} is too short for the tag's fixed "
+            f"part; use at least {HASH_LEN + len(tail)}"
+        )
     return head[:room] + config_hash(cfg) + tail
 
 
@@ -115,7 +118,8 @@ def check_not_collapsed(first: DictConfig, second: DictConfig) -> None:
     differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
     if differ:
         key = differ[0]
-        raise ValueError(f"{key} is swept ({json.dumps(a.get(key))}, {json.dumps(b.get(key))}), but it is a setting of how jobs run, not "
-                         f"of what they measure: the jobs would be one, run with one of its values; "
-                         f"run one sweep per value")
-
+        raise ValueError(
+            f"{key} is swept ({json.dumps(a.get(key))}, {json.dumps(b.get(key))}), but it is a setting of how jobs run, not "
+            f"of what they measure: the jobs would be one, run with one of its values; "
+            f"run one sweep per value"
+        )

@@ -31,8 +31,9 @@ class ContextParallel:
         return {"impl": self.impl, "placement": self.placement, "engine": "sweepbench.attention.cp_attention"}
 
 
-def build_context_parallel(plan: TrainPlan, mesh: DeviceMesh, opts: Any, *,
-                           device: torch.device) -> ContextParallel | None:
+def build_context_parallel(
+    plan: TrainPlan, mesh: DeviceMesh, opts: Any, *, device: torch.device
+) -> ContextParallel | None:
     if plan.cp == 1:
         return None
     from sweepbench.attention import cp_attention, placement_of, positions, shard_sequence
@@ -43,7 +44,9 @@ def build_context_parallel(plan: TrainPlan, mesh: DeviceMesh, opts: Any, *,
         shard=partial(shard_sequence, dim=1, rank=rank, world_size=plan.cp, placement=placement),
         positions=positions(placement, rank, plan.cp, plan.seq_len).to(device),
         attn_fn=partial(cp_attention, impl=opts.cp_impl, group=group, causal=True),
-        impl=opts.cp_impl, placement=placement)
+        impl=opts.cp_impl,
+        placement=placement,
+    )
 
 
 def check_cp(cfg: Any, plan: TrainPlan, device_type: str) -> None:
@@ -56,8 +59,10 @@ def check_cp(cfg: Any, plan: TrainPlan, device_type: str) -> None:
     if impl not in IMPLS or IMPLS[impl].context:
         usable = ", ".join(name for name, spec in IMPLS.items() if not spec.context)
         needs = ", ".join(name for name, spec in IMPLS.items() if spec.context)
-        raise ValueError(f"benchmark.cp_impl={impl!r} cannot train here; valid: {usable} "
-                         f"({needs} needs a context around forward and backward the train engine does not open)")
+        raise ValueError(
+            f"benchmark.cp_impl={impl!r} cannot train here; valid: {usable} "
+            f"({needs} needs a context around forward and backward the train engine does not open)"
+        )
     case = dict(world_size=plan.cp, num_heads=int(cfg.model.num_heads) // plan.tp, pattern="dense", causal=True)
     for ignore_device, error in ((True, ValueError), (False, NotOnThisMachine)):
         reason = why_not(impl, device_type=device_type, ignore_device=ignore_device, **case)

@@ -62,20 +62,27 @@ def _matmul_flops(n: int, dtype: torch.dtype, device: torch.device, warmup: int,
     b = torch.randn(n, n, device=device, dtype=dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)
     stats = summarize(time_iterations(lambda: torch.mm(a, b, out=out), warmup=warmup, iters=iters, device=device))
-    return 2 * n ** 3 / stats["min_s"]  # the best iteration of the slowest rank
+    return 2 * n**3 / stats["min_s"]  # the best iteration of the slowest rank
 
 
 def _fp8_matmul_flops(n: int, device: torch.device, warmup: int, iters: int) -> float:
     a = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)
     b = torch.randn(n, n, device=device).to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm wants
     one = torch.ones((), device=device)
-    stats = summarize(time_iterations(lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16),
-                                      warmup=warmup, iters=iters, device=device))
-    return 2 * n ** 3 / stats["min_s"]
+    stats = summarize(
+        time_iterations(
+            lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16),
+            warmup=warmup,
+            iters=iters,
+            device=device,
+        )
+    )
+    return 2 * n**3 / stats["min_s"]
 
 
-def matmul_ceiling(device: torch.device, dtype: torch.dtype, *, warmup: int = 3, iters: int = 10,
-                   fp8: bool = False) -> float:
+def matmul_ceiling(
+    device: torch.device, dtype: torch.dtype, *, warmup: int = 3, iters: int = 10, fp8: bool = False
+) -> float:
     """FLOP/s of an n x n x n matmul on each rank at once: bf16 8192^3 on a GPU (float8 with ``fp8``,
     through torch._scaled_mm); on a CPU 512^3,
     the faster of fp32 and the training dtype (a CPU's bf16 matmul can be slower than its fp32)."""
@@ -83,4 +90,6 @@ def matmul_ceiling(device: torch.device, dtype: torch.dtype, *, warmup: int = 3,
         return _fp8_matmul_flops(8192, device, warmup, iters)
     if device.type == "cuda":
         return _matmul_flops(8192, torch.bfloat16, device, warmup, iters)
-    return max(_matmul_flops(512, dt, device, warmup, iters) for dt in dict.fromkeys((torch.float32, dtype)))  # same order on every rank
+    return max(
+        _matmul_flops(512, dt, device, warmup, iters) for dt in dict.fromkeys((torch.float32, dtype))
+    )  # same order on every rank

@@ -32,8 +32,10 @@ def apply_fp8(model: nn.Module, *, recipe: str, fsdp: bool) -> None:
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     if torch.cuda.is_available() and torch.cuda.get_device_capability() < FP8_MIN_CAPABILITY:
-        raise ValueError(f"benchmark.precision=fp8 needs a GPU of compute capability 8.9 or newer; "
-                         f"{torch.cuda.get_device_name()} is {torch.cuda.get_device_capability()}: use precision=bf16")
+        raise ValueError(
+            f"benchmark.precision=fp8 needs a GPU of compute capability 8.9 or newer; "
+            f"{torch.cuda.get_device_name()} is {torch.cuda.get_device_capability()}: use precision=bf16"
+        )
     if recipe == "tensorwise":
         config = Float8LinearConfig(enable_fsdp_float8_all_gather=fsdp)
     else:

@@ -23,8 +23,9 @@ def to_rotate_half(w: torch.Tensor, head_dim: int) -> torch.Tensor:
     return w.reshape(out // head_dim, head_dim // 2, 2, *rest).transpose(1, 2).reshape(out, *rest)
 
 
-def liger_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-               sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def liger_rope(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k: [B, S, H, D]; cos/sin: [S, D/2] (ours) -> liger's [1, S, D] rotate-half tables."""
     from liger_kernel.transformers.functional import liger_rope as rope
 

@@ -36,27 +36,45 @@ except ImportError as e:  # the extra is not installed: one line naming the inst
 
 DTYPES = {"fp32": torch.float32, "mixed": torch.float32, "bf16": torch.bfloat16}
 # our projection -> HF's (the decoder layer's submodule path)
-PROJECTIONS = {"attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj",
-               "attention.wv": "self_attn.v_proj", "attention.wo": "self_attn.o_proj",
-               "feed_forward.w1": "mlp.gate_proj", "feed_forward.w3": "mlp.up_proj",
-               "feed_forward.w2": "mlp.down_proj"}
+PROJECTIONS = {
+    "attention.wq": "self_attn.q_proj",
+    "attention.wk": "self_attn.k_proj",
+    "attention.wv": "self_attn.v_proj",
+    "attention.wo": "self_attn.o_proj",
+    "feed_forward.w1": "mlp.gate_proj",
+    "feed_forward.w3": "mlp.up_proj",
+    "feed_forward.w2": "mlp.down_proj",
+}
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 def llama_config(shape: Shape, seq_len: int) -> LlamaConfig:
-    return LlamaConfig(vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
-                       intermediate_size=shape.ffn_hidden_size, num_hidden_layers=shape.num_layers,
-                       num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_kv_heads,
-                       max_position_embeddings=seq_len, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                       rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
-                       attention_bias=False, mlp_bias=False, attn_implementation="sdpa", use_cache=False)
+    return LlamaConfig(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.ffn_hidden_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
+        max_position_embeddings=seq_len,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
+        attention_bias=False,
+        mlp_bias=False,
+        attn_implementation="sdpa",
+        use_cache=False,
+    )
 
 
 def hf_state(ours: dict[str, torch.Tensor], shape: Shape) -> dict[str, torch.Tensor]:
     """Our engine's weights under HF's (and peft's) names: ``model.*`` and ``lm_head.weight``,
     LoRA's A and B as ``<proj>.lora_A`` / ``lora_B``."""
-    out = {"model.embed_tokens.weight": ours["tok_embeddings.weight"], "model.norm.weight": ours["norm.weight"],
-           "lm_head.weight": ours["output.weight"]}
+    out = {
+        "model.embed_tokens.weight": ours["tok_embeddings.weight"],
+        "model.norm.weight": ours["norm.weight"],
+        "lm_head.weight": ours["output.weight"],
+    }
     for name, value in ours.items():
         if not name.startswith("layers."):
             continue
@@ -95,8 +113,16 @@ class HFTrainer:
 
     holds_loss = True
 
-    def __init__(self, shape: Shape, plan: TrainPlan, opts: Any, *, device: torch.device,
-                 mesh: DeviceMesh | None = None, **_: Any) -> None:
+    def __init__(
+        self,
+        shape: Shape,
+        plan: TrainPlan,
+        opts: Any,
+        *,
+        device: torch.device,
+        mesh: DeviceMesh | None = None,
+        **_: Any,
+    ) -> None:
         assert plan.tp == plan.pp == plan.cp == 1, "the hf implementation runs dp layouts (checked before launch)"
         self.plan, self.device = plan, device
         dtype = DTYPES[plan.precision]
@@ -108,8 +134,9 @@ class HFTrainer:
         with torch.device(device):
             model: nn.Module = LlamaForCausalLM(llama_config(shape, plan.seq_len)).to(dtype)
         if opts.lora_rank:
-            lora = LoraConfig(r=opts.lora_rank, lora_alpha=opts.lora_alpha, lora_dropout=0.0, bias="none",
-                              target_modules=LORA_TARGETS)
+            lora = LoraConfig(
+                r=opts.lora_rank, lora_alpha=opts.lora_alpha, lora_dropout=0.0, bias="none", target_modules=LORA_TARGETS
+            )
             # adapters in the weights' dtype, as ours (peft would otherwise keep them in fp32)
             model = get_peft_model(model, lora, autocast_adapter_dtype=False)
         load_ours(model, weights)
@@ -127,21 +154,25 @@ class HFTrainer:
         elif mesh is not None and plan.dp > 1:
             from torch.nn.parallel import DistributedDataParallel
 
-            model = DistributedDataParallel(model, process_group=mesh["dp"].get_group(),
-                                            device_ids=[device.index] if device.type == "cuda" else None,
-                                            bucket_cap_mb=100)
+            model = DistributedDataParallel(
+                model,
+                process_group=mesh["dp"].get_group(),
+                device_ids=[device.index] if device.type == "cuda" else None,
+                bucket_cap_mb=100,
+            )
         self.model = model
         params = [p for p in model.parameters() if p.requires_grad]
         self.num_trainable = sum(p.numel() for p in params)
-        self.optimizer = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.95), weight_decay=0.1,
-                                           fused=opts.fused_adamw)
+        self.optimizer = torch.optim.AdamW(
+            params, lr=opts.lr, betas=(0.9, 0.95), weight_decay=0.1, fused=opts.fused_adamw
+        )
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
         mb, n = self.plan.micro_batch, self.plan.num_micro
         loss = torch.zeros((), device=self.device)
         for i in range(n):
-            x, y = inputs[i * mb:(i + 1) * mb], targets[i * mb:(i + 1) * mb]
+            x, y = inputs[i * mb : (i + 1) * mb], targets[i * mb : (i + 1) * mb]
             sync = self.model.no_sync() if hasattr(self.model, "no_sync") and i < n - 1 else contextlib.nullcontext()
             with sync:
                 with self._autocast():

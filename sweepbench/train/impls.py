@@ -35,18 +35,26 @@ class PeerSpec:
 
 
 PEERS: dict[str, PeerSpec] = {
-    "hf": PeerSpec(modules=("transformers", "peft"), install='pip install "sweepbench[fms]"',
-                   layouts="single device and dp layouts (FSDP2 or DDP)", knobs=("padding_free",),
-                   packed_attention="transformers_position_ids"),
+    "hf": PeerSpec(
+        modules=("transformers", "peft"),
+        install='pip install "sweepbench[fms]"',
+        layouts="single device and dp layouts (FSDP2 or DDP)",
+        knobs=("padding_free",),
+        packed_attention="transformers_position_ids",
+    ),
 }
 # peers asked for that this install cannot run as implementations: name -> the line that says so
 NOT_WIRED: dict[str, str] = {
-    "fms_peft": ("benchmark.impl=fms_peft (fms-acceleration-peft) is not an implementation here: its plugins "
-                 "patch HF Trainer runs of fms-hf-tuning; install them with pip install fms-acceleration-peft "
-                 "and run fms-hf-tuning, or compare impl=hf with benchmark.quant=nf4 on ours"),
-    "fms_foak": ("benchmark.impl=fms_foak (fms-acceleration-foak) is not an implementation here: its fused "
-                 "kernels patch HF Trainer runs of fms-hf-tuning; install them with pip install "
-                 "fms-acceleration-foak and run fms-hf-tuning, or compare with benchmark.fused=liger on ours"),
+    "fms_peft": (
+        "benchmark.impl=fms_peft (fms-acceleration-peft) is not an implementation here: its plugins "
+        "patch HF Trainer runs of fms-hf-tuning; install them with pip install fms-acceleration-peft "
+        "and run fms-hf-tuning, or compare impl=hf with benchmark.quant=nf4 on ours"
+    ),
+    "fms_foak": (
+        "benchmark.impl=fms_foak (fms-acceleration-foak) is not an implementation here: its fused "
+        "kernels patch HF Trainer runs of fms-hf-tuning; install them with pip install "
+        "fms-acceleration-foak and run fms-hf-tuning, or compare with benchmark.fused=liger on ours"
+    ),
 }
 
 
@@ -77,18 +85,26 @@ def check_impl(impl: str, *, tp: int, pp: int, cp: int, ac: str, precision: str,
     if spec is None:
         return
     if spec.dp_only and max(tp, pp, cp) > 1:
-        raise ValueError(f"benchmark.impl={impl} with parallelism tp={tp} pp={pp} cp={cp}: it runs {spec.layouts}; "
-                         f"use a dp layout (tp1, dp2, dp4, ..) or impl=ours")
+        raise ValueError(
+            f"benchmark.impl={impl} with parallelism tp={tp} pp={pp} cp={cp}: it runs {spec.layouts}; "
+            f"use a dp layout (tp1, dp2, dp4, ..) or impl=ours"
+        )
     if ac not in spec.ac:
-        raise ValueError(f"benchmark.ac={ac} with benchmark.impl={impl}: it checkpoints activations as "
-                         f"{' or '.join(spec.ac)} (HF gradient checkpointing is per decoder layer); use one of those")
+        raise ValueError(
+            f"benchmark.ac={ac} with benchmark.impl={impl}: it checkpoints activations as "
+            f"{' or '.join(spec.ac)} (HF gradient checkpointing is per decoder layer); use one of those"
+        )
     if precision not in spec.precisions:
-        raise ValueError(f"benchmark.precision={precision} with benchmark.impl={impl}: it trains in "
-                         f"{', '.join(spec.precisions)}; use one of those or impl=ours")
+        raise ValueError(
+            f"benchmark.precision={precision} with benchmark.impl={impl}: it trains in "
+            f"{', '.join(spec.precisions)}; use one of those or impl=ours"
+        )
     for knob, value in knobs.items():
         if knob not in spec.knobs:
-            raise ValueError(f"benchmark.{knob}={value} with benchmark.impl={impl}: the {impl} implementation "
-                             f"runs the shared recipe without it; use impl=ours or leave {knob} at its default")
+            raise ValueError(
+                f"benchmark.{knob}={value} with benchmark.impl={impl}: the {impl} implementation "
+                f"runs the shared recipe without it; use impl=ours or leave {knob} at its default"
+            )
     why = missing(impl)
     if why:
         raise ValueError(why)

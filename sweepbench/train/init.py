@@ -26,8 +26,7 @@ def canonical_name(name: str) -> str:
     return name
 
 
-def full_value(name: str, shape: torch.Size, *, model: Transformer, seed: int,
-               device: torch.device) -> torch.Tensor:
+def full_value(name: str, shape: torch.Size, *, model: Transformer, seed: int, device: torch.device) -> torch.Tensor:
     std = init_std(name, model.shape)
     if std is None:
         return torch.ones(shape, device=device)

@@ -129,13 +129,17 @@ def reset_torch_peaks(device: torch.device) -> None:
 def torch_memory(device: torch.device) -> dict[str, int | None]:
     """Allocator peaks since the last reset, retries and OOMs (None on a CPU)."""
     if device.type != "cuda":
-        return dict.fromkeys(("peak_active_bytes", "peak_allocated_bytes", "peak_reserved_bytes",
-                              "alloc_retries", "ooms"))
+        return dict.fromkeys(
+            ("peak_active_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "alloc_retries", "ooms")
+        )
     s = torch.cuda.memory_stats(device)
-    return {"peak_active_bytes": s.get("active_bytes.all.peak", 0),
-            "peak_allocated_bytes": s.get("allocated_bytes.all.peak", 0),
-            "peak_reserved_bytes": s.get("reserved_bytes.all.peak", 0),
-            "alloc_retries": s.get("num_alloc_retries", 0), "ooms": s.get("num_ooms", 0)}
+    return {
+        "peak_active_bytes": s.get("active_bytes.all.peak", 0),
+        "peak_allocated_bytes": s.get("allocated_bytes.all.peak", 0),
+        "peak_reserved_bytes": s.get("reserved_bytes.all.peak", 0),
+        "alloc_retries": s.get("num_alloc_retries", 0),
+        "ooms": s.get("num_ooms", 0),
+    }
 
 
 def current_bytes(device: torch.device) -> int:

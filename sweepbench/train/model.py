@@ -46,8 +46,9 @@ def _linear(d_in: int, d_out: int, lora_rank: int, lora_alpha: float) -> nn.Modu
     return nn.Linear(d_in, d_out, bias=False)
 
 
-def rope_pair(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-              sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_pair(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
 
@@ -123,8 +124,9 @@ class Transformer(nn.Module):
         super().__init__()
         self.shape = shape
         self.tok_embeddings: nn.Module | None = nn.Embedding(shape.vocab_size, shape.hidden_size)
-        self.layers = nn.ModuleDict({str(i): Block(shape, lora_rank=lora_rank, lora_alpha=lora_alpha)
-                                     for i in range(shape.num_layers)})
+        self.layers = nn.ModuleDict(
+            {str(i): Block(shape, lora_rank=lora_rank, lora_alpha=lora_alpha) for i in range(shape.num_layers)}
+        )
         self.norm: nn.Module | None = nn.RMSNorm(shape.hidden_size, eps=1e-5)
         self.output: nn.Module | None = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
         # the positions this rank's tokens hold (context parallel: its shards of the sequence)
@@ -168,7 +170,7 @@ def init_std(name: str, shape: Shape) -> float | None:
     if name.startswith("tok_embeddings"):
         return 1.0
     if name.startswith("output"):
-        return shape.hidden_size ** -0.5
+        return shape.hidden_size**-0.5
     if ".wo." in name or ".w2." in name or ".w3." in name:
         layer = int(name.split(".")[1])
         return 0.02 / math.sqrt(2 * (layer + 1))

@@ -66,8 +66,8 @@ class PackedTask:
             at = 0
             for walk in docs:
                 n = len(walk) - 1
-                tokens[row, at:at + n], targets[row, at:at + n] = walk[:-1], walk[1:]
-                positions[row, at:at + n] = torch.arange(n)
+                tokens[row, at : at + n], targets[row, at : at + n] = walk[:-1], walk[1:]
+                positions[row, at : at + n] = torch.arange(n)
                 at += n
             positions[row, at:] = torch.arange(s - at)  # the padding: one document of its own
         self._real[step] = int((targets != IGNORE).sum())
@@ -87,12 +87,12 @@ class PaddedTask(PackedTask):
     padding after a document cannot reach it). Tokens/s counts real tokens, as packed."""
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        docs = [walk for row in self.documents(step) for walk in row][:self.global_batch]
+        docs = [walk for row in self.documents(step) for walk in row][: self.global_batch]
         assert len(docs) == self.global_batch  # every packed row holds at least one document
         tokens = torch.zeros(self.global_batch, self.seq_len, dtype=torch.long)
         targets = torch.full_like(tokens, IGNORE)
         for row, walk in enumerate(docs):
-            tokens[row, :len(walk) - 1], targets[row, :len(walk) - 1] = walk[:-1], walk[1:]
+            tokens[row, : len(walk) - 1], targets[row, : len(walk) - 1] = walk[:-1], walk[1:]
         self._real[step] = int((targets != IGNORE).sum())
         return tokens, targets
 
@@ -146,8 +146,16 @@ def varlen_flash(docs: Documents) -> Callable[..., torch.Tensor]:
             else:  # K/V heads repeated for a varlen_attn without GQA
                 rep = q1.shape[1] // k1.shape[1]
                 k1, v1 = k1.repeat_interleave(rep, dim=1), v1.repeat_interleave(rep, dim=1)
-        out = varlen_attn(q1.contiguous(), k1.contiguous(), v1.contiguous(), docs.offsets, docs.offsets,
-                          docs.max_len, docs.max_len, **extra)
+        out = varlen_attn(
+            q1.contiguous(),
+            k1.contiguous(),
+            v1.contiguous(),
+            docs.offsets,
+            docs.offsets,
+            docs.max_len,
+            docs.max_len,
+            **extra,
+        )
         return out.transpose(0, 1)[None]
 
     return attn
@@ -218,7 +226,9 @@ def check_documents(model: nn.Module, inputs: torch.Tensor, targets: torch.Tenso
     if not err <= rtol:
         from sweepbench.core import VerificationError
 
-        raise VerificationError(f"padding-free: the packed row's summed loss {float(packed):.6f} differs from its "
-                                f"{len(starts) - 1} documents run one by one ({float(total):.6f}) by {err:.2e} "
-                                f"(tolerance {rtol:.0e})")
+        raise VerificationError(
+            f"padding-free: the packed row's summed loss {float(packed):.6f} differs from its "
+            f"{len(starts) - 1} documents run one by one ({float(total):.6f}) by {err:.2e} "
+            f"(tolerance {rtol:.0e})"
+        )
     return err

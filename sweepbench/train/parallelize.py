@@ -30,36 +30,47 @@ from sweepbench.train.model import Transformer
 
 def _tp_plan(*, sequence_parallel: bool) -> tuple[dict, dict]:
     """(the plan of the model's top modules, the plan of each block)."""
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel)
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
     if not sequence_parallel:
-        top = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
-               "output": ColwiseParallel(output_layouts=Replicate())}
-        block = {"attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
-                 "attention.wv": ColwiseParallel(), "attention.wo": RowwiseParallel(),
-                 "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
-                 "feed_forward.w2": RowwiseParallel()}
+        top = {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+            "output": ColwiseParallel(output_layouts=Replicate()),
+        }
+        block = {
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w3": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(),
+        }
         return top, block
-    top = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-           "norm": SequenceParallel(),
-           "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())}
+    top = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+    }
     block = {
         "attention_norm": SequenceParallel(),
-        "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
-                                        desired_input_layouts=(Replicate(), None, None)),
-        "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(), "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "attention": PrepareModuleInput(
+            input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None)
+        ),
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
         "ffn_norm": SequenceParallel(),
         "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-        "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w3": ColwiseParallel(),
         "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
     }
     return top, block
 
 
-def apply_tp(model: Transformer, mesh: DeviceMesh, *, sequence_parallel: bool = True,
-             async_tp: bool = False) -> None:
+def apply_tp(model: Transformer, mesh: DeviceMesh, *, sequence_parallel: bool = True, async_tp: bool = False) -> None:
     from torch.distributed.tensor.parallel import parallelize_module
 
     top_plan, block_plan = _tp_plan(sequence_parallel=sequence_parallel)
@@ -167,6 +178,9 @@ def apply_fsdp(model: Transformer, mesh: DeviceMesh, *, precision: str, reshard_
 def apply_ddp(model: nn.Module, mesh: DeviceMesh, device: torch.device) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
-    return DistributedDataParallel(model, process_group=mesh.get_group(),
-                                   device_ids=[device.index] if device.type == "cuda" else None,
-                                   bucket_cap_mb=100)
+    return DistributedDataParallel(
+        model,
+        process_group=mesh.get_group(),
+        device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=100,
+    )

@@ -43,8 +43,9 @@ def register(name: str, spec: ScheduleSpec) -> None:
 register("gpipe", ScheduleSpec("ScheduleGPipe", 1))
 register("1f1b", ScheduleSpec("Schedule1F1B", 1))
 register("interleaved_1f1b", ScheduleSpec("ScheduleInterleaved1F1B", 2, runtime=True))
-register("interleaved_zb", ScheduleSpec("ScheduleInterleavedZeroBubble", 2, compiles=False, runtime=True,
-                                        zero_bubble=True))
+register(
+    "interleaved_zb", ScheduleSpec("ScheduleInterleavedZeroBubble", 2, compiles=False, runtime=True, zero_bubble=True)
+)
 register("zbv", ScheduleSpec("ScheduleZBVZeroBubble", 2, style="v", compiles=False, runtime=True, zero_bubble=True))
 
 

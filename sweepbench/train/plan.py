@@ -18,8 +18,11 @@ AC_MODES = ("none", "selective", "full")
 PRECISIONS = ("auto", "fp32", "bf16", "mixed", "fp8")
 FP8_RECIPES = ("tensorwise", "rowwise")  # torchao's float8 scaling: one scale per tensor, or per row
 DP_SHARDS = ("fsdp", "ddp")
-COMPOSES = ("the train engine composes tp (with or without sequence parallel), pp (" + ", ".join(schedule_names())
-            + "), cp and dp (fsdp with any of them; ddp with dp and cp only)")
+COMPOSES = (
+    "the train engine composes tp (with or without sequence parallel), pp ("
+    + ", ".join(schedule_names())
+    + "), cp and dp (fsdp with any of them; ddp with dp and cp only)"
+)
 
 
 @dataclass(frozen=True)
@@ -69,10 +72,17 @@ def build_plan(cfg: Any) -> TrainPlan:
     b, p = cfg.benchmark, cfg.parallelism
     pp = int(p.pp)
     default_batch = int(b.micro_batch) * int(p.dp) * (pp if pp > 1 else 1)
-    return TrainPlan(tp=int(p.tp), pp=pp, dp=int(p.dp), cp=int(p.cp), seq_len=int(b.seq_len),
-                     micro_batch=int(b.micro_batch), global_batch=int(b.global_batch) or default_batch,
-                     precision=resolve_precision(str(b.precision), str(cfg.model.dtype)),
-                     stages_per_rank=schedule_spec(str(b.pp_schedule)).stages_per_rank if pp > 1 else 1)
+    return TrainPlan(
+        tp=int(p.tp),
+        pp=pp,
+        dp=int(p.dp),
+        cp=int(p.cp),
+        seq_len=int(b.seq_len),
+        micro_batch=int(b.micro_batch),
+        global_batch=int(b.global_batch) or default_batch,
+        precision=resolve_precision(str(b.precision), str(cfg.model.dtype)),
+        stages_per_rank=schedule_spec(str(b.pp_schedule)).stages_per_rank if pp > 1 else 1,
+    )
 
 
 # bytes of saved activations per token, hidden unit and layer of one micro-batch: about 34 without
@@ -100,9 +110,11 @@ def reference_bytes(shape: Shape, plan: TrainPlan, *, lora_rank: int) -> int:
     gradient."""
     trainable = shape.num_layers * shape.lora_params(lora_rank) if lora_rank else shape.num_params()
     frozen = shape.num_params(lora_rank=lora_rank) - trainable
-    states = (trainable * bytes_per_param(plan.precision, trainable=True)
-              + frozen * bytes_per_param(plan.precision, trainable=False)
-              + step_transient_bytes(trainable, plan.precision))
+    states = (
+        trainable * bytes_per_param(plan.precision, trainable=True)
+        + frozen * bytes_per_param(plan.precision, trainable=False)
+        + step_transient_bytes(trainable, plan.precision)
+    )
     tokens = plan.micro_batch * plan.seq_len
     return states + tokens * (34 * shape.num_layers * shape.hidden_size + 8 * shape.vocab_size)
 
@@ -116,9 +128,11 @@ def layout_bytes(shape: Shape, plan: TrainPlan, *, lora_rank: int, dp_shard: str
     split as the states are."""
     trainable = shape.num_layers * shape.lora_params(lora_rank) if lora_rank else shape.num_params()
     frozen = shape.num_params(lora_rank=lora_rank) - trainable
-    states = (trainable * bytes_per_param(plan.precision, trainable=True)
-              + frozen * bytes_per_param(plan.precision, trainable=False)
-              + step_transient_bytes(trainable, plan.precision))
+    states = (
+        trainable * bytes_per_param(plan.precision, trainable=True)
+        + frozen * bytes_per_param(plan.precision, trainable=False)
+        + step_transient_bytes(trainable, plan.precision)
+    )
     split = plan.tp * plan.pp * (plan.dp * plan.cp if dp_shard == "fsdp" else 1)
     if dp_shard == "ddp":  # DDP's buckets: a second copy of the gradients
         states += trainable * (2 if plan.precision in ("bf16", "fp8") else 4)
@@ -139,11 +153,23 @@ def rank_bytes(cfg: Any, *, device_bytes: int | None = None) -> int:
     plan, shape = build_plan(cfg), Shape.of(cfg.model)
     b = cfg.benchmark
     lora = int(b.lora_rank)
-    single = TrainPlan(tp=1, pp=1, dp=1, cp=1, seq_len=plan.seq_len, micro_batch=plan.micro_batch,
-                       global_batch=plan.global_batch, precision=plan.precision, stages_per_rank=1)
+    single = TrainPlan(
+        tp=1,
+        pp=1,
+        dp=1,
+        cp=1,
+        seq_len=plan.seq_len,
+        micro_batch=plan.micro_batch,
+        global_batch=plan.global_batch,
+        precision=plan.precision,
+        stages_per_rank=1,
+    )
     depth = int(b.verify_layers) or shape.num_layers
-    if not int(b.verify_layers) and device_bytes and reference_bytes(shape, single, lora_rank=lora) > \
-            FIT_FRACTION * device_bytes:
+    if (
+        not int(b.verify_layers)
+        and device_bytes
+        and reference_bytes(shape, single, lora_rank=lora) > FIT_FRACTION * device_bytes
+    ):
         depth = plan.num_stages * -(-2 // plan.num_stages)
     reference = reference_bytes(Shape.of(cfg.model, num_layers=depth), single, lora_rank=lora)
     layout = layout_bytes(shape, plan, lora_rank=lora, dp_shard=str(b.dp_shard), ac=str(b.ac))
@@ -175,75 +201,104 @@ def _check_options(b: Any) -> None:
 def _check_layout(cfg: Any, plan: TrainPlan) -> None:
     model, b, p = cfg.model, cfg.benchmark, cfg.parallelism
     if p.ep > 1 or model.num_experts:
-        raise ValueError(f"benchmark=train does not train expert-parallel or MoE models (parallelism.ep={p.ep}, "
-                         f"model={model.name}); use a dense model with ep=1: {COMPOSES}")
+        raise ValueError(
+            f"benchmark=train does not train expert-parallel or MoE models (parallelism.ep={p.ep}, "
+            f"model={model.name}); use a dense model with ep=1: {COMPOSES}"
+        )
     if b.dp_shard == "ddp" and (plan.tp > 1 or plan.pp > 1):
-        raise ValueError(f"benchmark.dp_shard=ddp with parallelism={p.name} (tp={plan.tp}, pp={plan.pp}) "
-                         f"cannot be composed: {COMPOSES}; use benchmark.dp_shard=fsdp")
+        raise ValueError(
+            f"benchmark.dp_shard=ddp with parallelism={p.name} (tp={plan.tp}, pp={plan.pp}) "
+            f"cannot be composed: {COMPOSES}; use benchmark.dp_shard=fsdp"
+        )
     if b.lora_rank and plan.tp > 1:
-        raise ValueError(f"benchmark.lora_rank={b.lora_rank} with parallelism.tp={plan.tp} cannot be composed: "
-                         f"LoRA adapters train with dp, pp and cp layouts; use tp=1 or lora_rank=0")
+        raise ValueError(
+            f"benchmark.lora_rank={b.lora_rank} with parallelism.tp={plan.tp} cannot be composed: "
+            f"LoRA adapters train with dp, pp and cp layouts; use tp=1 or lora_rank=0"
+        )
     stages = plan.num_stages
     if model.num_layers % stages:
-        raise ValueError(f"model.num_layers={model.num_layers} is not divisible into {stages} pipeline stages "
-                         f"(pp={plan.pp} x {plan.stages_per_rank} per rank for {b.pp_schedule}); "
-                         f"valid pp: divisors of {model.num_layers // plan.stages_per_rank}")
+        raise ValueError(
+            f"model.num_layers={model.num_layers} is not divisible into {stages} pipeline stages "
+            f"(pp={plan.pp} x {plan.stages_per_rank} per rank for {b.pp_schedule}); "
+            f"valid pp: divisors of {model.num_layers // plan.stages_per_rank}"
+        )
 
 
 def _check_sizes(cfg: Any, plan: TrainPlan) -> None:
     model, b = cfg.model, cfg.benchmark
     unit = plan.tp * 2 * plan.cp
     if plan.seq_len % unit:
-        raise ValueError(f"benchmark.seq_len={plan.seq_len} is not divisible by tp*2*cp={unit} "
-                         f"(valid: multiples of {unit})")
+        raise ValueError(
+            f"benchmark.seq_len={plan.seq_len} is not divisible by tp*2*cp={unit} (valid: multiples of {unit})"
+        )
     per_step = plan.dp * plan.micro_batch
     if plan.global_batch % per_step:
-        raise ValueError(f"benchmark.global_batch={plan.global_batch} is not divisible by dp*micro_batch="
-                         f"{plan.dp}*{plan.micro_batch}={per_step} (valid: multiples of {per_step})")
+        raise ValueError(
+            f"benchmark.global_batch={plan.global_batch} is not divisible by dp*micro_batch="
+            f"{plan.dp}*{plan.micro_batch}={per_step} (valid: multiples of {per_step})"
+        )
     if plan.pp > 1 and (plan.num_micro < plan.pp or plan.num_micro % plan.pp):
-        raise ValueError(f"parallelism.pp={plan.pp} needs a multiple of {plan.pp} micro-batches per step, got "
-                         f"global_batch/(dp*micro_batch)={plan.num_micro}; use benchmark.global_batch="
-                         f"{plan.pp * per_step} (or a multiple)")
+        raise ValueError(
+            f"parallelism.pp={plan.pp} needs a multiple of {plan.pp} micro-batches per step, got "
+            f"global_batch/(dp*micro_batch)={plan.num_micro}; use benchmark.global_batch="
+            f"{plan.pp * per_step} (or a multiple)"
+        )
     shape = Shape.of(model)
     smallest = min(shape.hidden_size, shape.kv_dim)
     if b.lora_rank > smallest:
-        raise ValueError(f"benchmark.lora_rank={b.lora_rank} is larger than the smallest attention projection "
-                         f"of model={model.name} ({smallest}); valid: 0 (full fine-tune) to {smallest}")
+        raise ValueError(
+            f"benchmark.lora_rank={b.lora_rank} is larger than the smallest attention projection "
+            f"of model={model.name} ({smallest}); valid: 0 (full fine-tune) to {smallest}"
+        )
 
 
 def _check_recipe(cfg: Any, plan: TrainPlan) -> None:
     """Sequence parallel, async TP, fp8 and the zero-bubble schedules: what each needs of the rest."""
     b = cfg.benchmark
     if b.async_tp and not (plan.tp > 1 and b.tp_sp and b.compile):
-        raise ValueError(f"benchmark.async_tp=true needs parallelism.tp > 1 (got {plan.tp}), benchmark.tp_sp=true "
-                         f"(got {b.tp_sp}) and benchmark.compile=true (got {b.compile}): inductor overlaps the "
-                         f"sequence-parallel all-gathers and reduce-scatters with the matmuls it compiles")
+        raise ValueError(
+            f"benchmark.async_tp=true needs parallelism.tp > 1 (got {plan.tp}), benchmark.tp_sp=true "
+            f"(got {b.tp_sp}) and benchmark.compile=true (got {b.compile}): inductor overlaps the "
+            f"sequence-parallel all-gathers and reduce-scatters with the matmuls it compiles"
+        )
     if plan.precision == "fp8" and plan.tp > 1:
-        raise ValueError(f"benchmark.precision=fp8 with parallelism.tp={plan.tp} cannot be composed: fp8 trains with "
-                         f"dp, pp and cp layouts; use tp=1, or precision=bf16 with tp")
+        raise ValueError(
+            f"benchmark.precision=fp8 with parallelism.tp={plan.tp} cannot be composed: fp8 trains with "
+            f"dp, pp and cp layouts; use tp=1, or precision=bf16 with tp"
+        )
     if plan.precision == "fp8" and b.lora_rank:
-        raise ValueError(f"benchmark.precision=fp8 with benchmark.lora_rank={b.lora_rank} cannot be composed: fp8 "
-                         f"trains full fine-tunes; use lora_rank=0, or precision=bf16 with LoRA")
+        raise ValueError(
+            f"benchmark.precision=fp8 with benchmark.lora_rank={b.lora_rank} cannot be composed: fp8 "
+            f"trains full fine-tunes; use lora_rank=0, or precision=bf16 with LoRA"
+        )
     if plan.pp > 1 and b.ac == "selective" and schedule_spec(str(b.pp_schedule)).zero_bubble:
-        raise ValueError(f"benchmark.pp_schedule={b.pp_schedule} with benchmark.ac=selective cannot run: the "
-                         f"zero-bubble schedules run two backward passes (input, then weight gradients) through "
-                         f"each block, which selective checkpointing allows once; use ac=full or ac=none")
+        raise ValueError(
+            f"benchmark.pp_schedule={b.pp_schedule} with benchmark.ac=selective cannot run: the "
+            f"zero-bubble schedules run two backward passes (input, then weight gradients) through "
+            f"each block, which selective checkpointing allows once; use ac=full or ac=none"
+        )
     if plan.pp > 1 and b.compile and not schedule_spec(str(b.pp_schedule)).compiles:
-        raise ValueError(f"benchmark.pp_schedule={b.pp_schedule} with benchmark.compile=true cannot run: the "
-                         f"zero-bubble schedules split each backward in two, which torch does not do through a "
-                         f"compiled block; use compile=false, or pp_schedule=" + ", ".join(
-                             n for n in schedule_names() if schedule_spec(n).compiles))
+        raise ValueError(
+            f"benchmark.pp_schedule={b.pp_schedule} with benchmark.compile=true cannot run: the "
+            f"zero-bubble schedules split each backward in two, which torch does not do through a "
+            f"compiled block; use compile=false, or pp_schedule="
+            + ", ".join(n for n in schedule_names() if schedule_spec(n).compiles)
+        )
 
 
 def check_device(cfg: Any, plan: TrainPlan, device_type: str) -> str | None:
     """Why this job cannot run on ``device_type`` (torch-free, before any rank), or None."""
     b = cfg.benchmark
     if b.async_tp and device_type != "cuda":
-        return (f"benchmark.async_tp=true needs CUDA GPUs (symmetric memory and inductor's micro-pipelined TP); "
-                f"this job would run on {device_type}: use async_tp=false here")
+        return (
+            f"benchmark.async_tp=true needs CUDA GPUs (symmetric memory and inductor's micro-pipelined TP); "
+            f"this job would run on {device_type}: use async_tp=false here"
+        )
     if plan.precision == "fp8" and device_type != "cuda":
-        return (f"benchmark.precision=fp8 needs CUDA GPUs of compute capability 8.9 or newer (float8 matmuls); "
-                f"this job would run on {device_type}: use precision=bf16 here")
+        return (
+            f"benchmark.precision=fp8 needs CUDA GPUs of compute capability 8.9 or newer (float8 matmuls); "
+            f"this job would run on {device_type}: use precision=bf16 here"
+        )
     if plan.precision == "fp8" and importlib.util.find_spec("torchao") is None:
         return "benchmark.precision=fp8 needs torchao, which is not installed: pip install -e '.[fp8]'"
     return None

@@ -32,8 +32,10 @@ def training_plots(jobs: list[dict[str, Any]]) -> list[tuple[str, Figure, str]]:
     def label(job: dict[str, Any], *, layout: bool) -> str:
         s = job["results"]["summary"]
         family = "".join(c for c in str(config_value(job, "parallelism.name")) if not c.isdigit())
-        parts = [str(config_value(job, "model.name")), family if not layout else
-                 str(config_value(job, "parallelism.name"))]
+        parts = [
+            str(config_value(job, "model.name")),
+            family if not layout else str(config_value(job, "parallelism.name")),
+        ]
         return " ".join(parts + [_short(k, s.get(k)) for k in varying])
 
     rate: dict[str, list[tuple[float, float]]] = {}
@@ -49,16 +51,34 @@ def training_plots(jobs: list[dict[str, Any]]) -> list[tuple[str, Figure, str]]:
     mem_key = "mem_torch_peak_reserved_gib" if gpu else "mem_host_peak_rss_gib"
     memory = {label(j, layout=True): j["results"]["summary"][mem_key] or 0.0 for j in done}
     width = max(6.4, 0.45 * len(memory))
-    nvml = {label(j, layout=True): f"NVML {j['results']['summary']['mem_nvml_peak_gib']:.1f}" for j in done
-            if j["results"]["summary"].get("mem_nvml_peak_gib") is not None}
+    nvml = {
+        label(j, layout=True): f"NVML {j['results']['summary']['mem_nvml_peak_gib']:.1f}"
+        for j in done
+        if j["results"]["summary"].get("mem_nvml_peak_gib") is not None
+    }
     return [
-        ("tokens/s per GPU", line_plot(rate, xlabel="GPUs (ranks)", ylabel="tokens/s per GPU", log2_x=True),
-         "Training throughput per GPU against the job's GPU count; flat lines scale linearly."),
-        ("MFU", line_plot(mfu, xlabel="GPUs (ranks)", ylabel="MFU %", log2_x=True, ceiling=ceiling,
-                          ceiling_label="measured matmul ceiling"),
-         "MFU = tokens/s per GPU x 6(N - N_emb) + 6 L H 2 d_head S FLOPs/token / bf16 peak "
-         "(on a CPU: / the matmul ceiling the job measured)."),
-        ("peak memory", bar_plot(memory, ylabel="peak GiB per rank", annotations=nvml, width=width, height=4.8),
-         "torch allocator's peak reserved memory (on a CPU: peak RSS); NVML's peak above the "
-         "job's starting level written above each bar."),
+        (
+            "tokens/s per GPU",
+            line_plot(rate, xlabel="GPUs (ranks)", ylabel="tokens/s per GPU", log2_x=True),
+            "Training throughput per GPU against the job's GPU count; flat lines scale linearly.",
+        ),
+        (
+            "MFU",
+            line_plot(
+                mfu,
+                xlabel="GPUs (ranks)",
+                ylabel="MFU %",
+                log2_x=True,
+                ceiling=ceiling,
+                ceiling_label="measured matmul ceiling",
+            ),
+            "MFU = tokens/s per GPU x 6(N - N_emb) + 6 L H 2 d_head S FLOPs/token / bf16 peak "
+            "(on a CPU: / the matmul ceiling the job measured).",
+        ),
+        (
+            "peak memory",
+            bar_plot(memory, ylabel="peak GiB per rank", annotations=nvml, width=width, height=4.8),
+            "torch allocator's peak reserved memory (on a CPU: peak RSS); NVML's peak above the "
+            "job's starting level written above each bar.",
+        ),
     ]

@@ -19,8 +19,17 @@ import torch
 from sweepbench.record.atomic import write_atomic
 
 
-def profile_window(step: Callable[[], None], *, out_dir: Path, rank: int, skip: int, warmup: int,
-                   active: int, device: torch.device, memory_snapshot: bool) -> dict[str, object]:
+def profile_window(
+    step: Callable[[], None],
+    *,
+    out_dir: Path,
+    rank: int,
+    skip: int,
+    warmup: int,
+    active: int,
+    device: torch.device,
+    memory_snapshot: bool,
+) -> dict[str, object]:
     """Run ``skip + warmup + active`` steps under torch.profiler; returns what was written."""
     from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
@@ -29,15 +38,19 @@ def profile_window(step: Callable[[], None], *, out_dir: Path, rank: int, skip: 
     snapshot = memory_snapshot and device.type == "cuda"
     if snapshot:
         torch.cuda.memory._record_memory_history(max_entries=100_000)
-    with profile(activities=activities, profile_memory=True, record_shapes=True,
-                 schedule=schedule(skip_first=skip, wait=0, warmup=warmup, active=active, repeat=1),
-                 on_trace_ready=tensorboard_trace_handler(str(trace_dir), worker_name=f"rank{rank}",
-                                                          use_gzip=True)) as prof:
+    with profile(
+        activities=activities,
+        profile_memory=True,
+        record_shapes=True,
+        schedule=schedule(skip_first=skip, wait=0, warmup=warmup, active=active, repeat=1),
+        on_trace_ready=tensorboard_trace_handler(str(trace_dir), worker_name=f"rank{rank}", use_gzip=True),
+    ) as prof:
         for _ in range(skip + warmup + active):
             step()
             prof.step()
-    written: dict[str, object] = {"traces": sorted(str(p.relative_to(out_dir))
-                                                   for p in trace_dir.glob(f"rank{rank}.*.pt.trace.json.gz"))}
+    written: dict[str, object] = {
+        "traces": sorted(str(p.relative_to(out_dir)) for p in trace_dir.glob(f"rank{rank}.*.pt.trace.json.gz"))
+    }
     if snapshot:
         path = out_dir / f"memory_snapshot_rank{rank}.pickle"
         write_atomic(path, pickle.dumps(torch.cuda.memory._snapshot()))

@@ -75,4 +75,3 @@ def apply(model: Transformer, quant: str) -> None:
         else:
             assert quant == "nf4_dense", quant
             child.weight.copy_(dequantize(child.weight))
-

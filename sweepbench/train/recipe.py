@@ -42,34 +42,48 @@ def check_recipe(cfg: Any, plan: Any) -> None:
         raise ValueError(f"benchmark.fused={b.fused!r} is not valid; choose one of {', '.join(FUSED)}")
     if b.quant != "none":
         if not int(b.lora_rank):
-            raise ValueError(f"benchmark.quant={b.quant} needs LoRA (benchmark.lora_rank > 0, got 0): the quantized "
-                             f"base weights are frozen, only adapters train; set e.g. benchmark.lora_rank=16")
+            raise ValueError(
+                f"benchmark.quant={b.quant} needs LoRA (benchmark.lora_rank > 0, got 0): the quantized "
+                f"base weights are frozen, only adapters train; set e.g. benchmark.lora_rank=16"
+            )
         if plan.dp * plan.cp > 1 and b.dp_shard == "fsdp":
-            raise ValueError(f"benchmark.quant={b.quant} with benchmark.dp_shard=fsdp cannot be composed: FSDP2 does "
-                             f"not shard bitsandbytes' packed 4-bit weights; use benchmark.dp_shard=ddp")
+            raise ValueError(
+                f"benchmark.quant={b.quant} with benchmark.dp_shard=fsdp cannot be composed: FSDP2 does "
+                f"not shard bitsandbytes' packed 4-bit weights; use benchmark.dp_shard=ddp"
+            )
         if not _installed("bitsandbytes"):
-            raise ValueError(f"benchmark.quant={b.quant} needs bitsandbytes, which is not installed; install it "
-                             f"with: {EXTRA}")
+            raise ValueError(
+                f"benchmark.quant={b.quant} needs bitsandbytes, which is not installed; install it with: {EXTRA}"
+            )
     if b.fused != "none":
         if max(plan.tp, plan.pp, plan.cp) > 1:
-            raise ValueError(f"benchmark.fused={b.fused} with parallelism tp={plan.tp} pp={plan.pp} cp={plan.cp}: the "
-                             f"fused kernels run on whole sequences and whole models; use a dp layout or fused=none")
+            raise ValueError(
+                f"benchmark.fused={b.fused} with parallelism tp={plan.tp} pp={plan.pp} cp={plan.cp}: the "
+                f"fused kernels run on whole sequences and whole models; use a dp layout or fused=none"
+            )
         if plan.precision not in ("bf16", "fp32"):
-            raise ValueError(f"benchmark.fused={b.fused} with benchmark.precision={plan.precision}: the fused kernels "
-                             f"run on the weights' own dtype; use precision=bf16 or fp32")
+            raise ValueError(
+                f"benchmark.fused={b.fused} with benchmark.precision={plan.precision}: the fused kernels "
+                f"run on the weights' own dtype; use precision=bf16 or fp32"
+            )
         if not _installed("liger_kernel"):
-            raise ValueError(f"benchmark.fused={b.fused} needs liger-kernel, which is not installed; install it "
-                             f"with: {EXTRA}")
+            raise ValueError(
+                f"benchmark.fused={b.fused} needs liger-kernel, which is not installed; install it with: {EXTRA}"
+            )
     if b.padding_free and max(plan.tp, plan.pp, plan.cp) > 1:
-        raise ValueError(f"benchmark.padding_free=true with parallelism tp={plan.tp} pp={plan.pp} cp={plan.cp}: "
-                         f"packed documents run with dp layouts; use a dp layout or padding_free=false")
+        raise ValueError(
+            f"benchmark.padding_free=true with parallelism tp={plan.tp} pp={plan.pp} cp={plan.cp}: "
+            f"packed documents run with dp layouts; use a dp layout or padding_free=false"
+        )
 
 
 def check_recipe_device(cfg: Any, device_type: str) -> str | None:
     """Why this recipe cannot run on ``device_type`` (torch-free), or None."""
     if cfg.benchmark.fused == "liger" and device_type != "cuda":
-        return (f"benchmark.fused=liger needs CUDA GPUs (liger-kernel's Triton kernels; its RMSNorm does not run "
-                f"under Triton's CPU interpreter); this job would run on {device_type}: use fused=none here")
+        return (
+            f"benchmark.fused=liger needs CUDA GPUs (liger-kernel's Triton kernels; its RMSNorm does not run "
+            f"under Triton's CPU interpreter); this job would run on {device_type}: use fused=none here"
+        )
     return None
 
 
@@ -92,8 +106,13 @@ def apply_recipe(model: Any, opts: Any, *, device: Any) -> None:
 
 def describe(opts: Any, *, device: Any) -> dict[str, Any]:
     """The recipe's knobs as recorded with the job."""
-    out: dict[str, Any] = {"impl": opts.impl, "quant": opts.quant, "fused": opts.fused,
-                           "padding_free": opts.padding_free, "documents": opts.documents or opts.padding_free}
+    out: dict[str, Any] = {
+        "impl": opts.impl,
+        "quant": opts.quant,
+        "fused": opts.fused,
+        "padding_free": opts.padding_free,
+        "documents": opts.documents or opts.padding_free,
+    }
     if opts.padding_free:
         from sweepbench.train.packing import kernel_name
 

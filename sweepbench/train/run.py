@@ -19,32 +19,61 @@ from sweepbench.train.data import SyntheticTask
 from sweepbench.train.impls import IMPLS
 from sweepbench.train.packing import PackedTask, PaddedTask
 from sweepbench.train.flops import dense_peak, matmul_ceiling
-from sweepbench.train.memory import GIB, HostSampler, NvmlSampler, current_bytes, host_peak_rss, reset_torch_peaks, torch_memory
+from sweepbench.train.memory import (
+    GIB,
+    HostSampler,
+    NvmlSampler,
+    current_bytes,
+    host_peak_rss,
+    reset_torch_peaks,
+    torch_memory,
+)
 from sweepbench.train.plan import TrainPlan, build_plan
 from sweepbench.train.recipe import build_reference, describe, tokens_per_step
 from sweepbench.train.profile import profile_window, write_scalars
 from sweepbench.train.shape import Shape, flops_per_token
 from sweepbench.train.trainer import DTYPES, TrainOptions, build_mesh
-from sweepbench.train.verify import (check_learning, check_losses, free_memory, global_losses, run_reference,
-                                     verify_depth)
+from sweepbench.train.verify import (
+    check_learning,
+    check_losses,
+    free_memory,
+    global_losses,
+    run_reference,
+    verify_depth,
+)
 from sweepbench.core import VerificationError
 
 
 def options_of(b: Any) -> TrainOptions:
     lr = float(b.lr) * (float(b.lora_lr_scale) if int(b.lora_rank) else 1.0)
-    return TrainOptions(ac=str(b.ac), compile=bool(b.compile), fused_adamw=bool(b.fused_adamw), lr=lr,
-                        lora_rank=int(b.lora_rank), lora_alpha=float(b.lora_alpha), dp_shard=str(b.dp_shard),
-                        pp_schedule=str(b.pp_schedule), cp_impl=str(b.cp_impl), seed=int(b.seed),
-                        tp_sp=bool(b.tp_sp), async_tp=bool(b.async_tp), fp8_recipe=str(b.fp8_recipe),
-                        impl=str(b.impl), quant=str(b.quant), fused=str(b.fused), padding_free=bool(b.padding_free),
-                        documents=bool(b.documents))
+    return TrainOptions(
+        ac=str(b.ac),
+        compile=bool(b.compile),
+        fused_adamw=bool(b.fused_adamw),
+        lr=lr,
+        lora_rank=int(b.lora_rank),
+        lora_alpha=float(b.lora_alpha),
+        dp_shard=str(b.dp_shard),
+        pp_schedule=str(b.pp_schedule),
+        cp_impl=str(b.cp_impl),
+        seed=int(b.seed),
+        tp_sp=bool(b.tp_sp),
+        async_tp=bool(b.async_tp),
+        fp8_recipe=str(b.fp8_recipe),
+        impl=str(b.impl),
+        quant=str(b.quant),
+        fused=str(b.fused),
+        padding_free=bool(b.padding_free),
+        documents=bool(b.documents),
+    )
 
 
 class Batches:
     """This rank's (inputs, targets) of each step, made before any timing, on the device."""
 
-    def __init__(self, task: SyntheticTask, plan: TrainPlan, *, dp_rank: int, cp: ContextParallel | None,
-                 device: torch.device) -> None:
+    def __init__(
+        self, task: SyntheticTask, plan: TrainPlan, *, dp_rank: int, cp: ContextParallel | None, device: torch.device
+    ) -> None:
         self.task, self.plan, self.dp_rank, self.cp, self.device = task, plan, dp_rank, cp, device
         self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -74,26 +103,39 @@ def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | N
     mesh = build_mesh(plan, device)
     cp = build_context_parallel(plan, mesh, opts, device=device)
     dp_rank = mesh["dp"].get_local_rank()
-    task = SyntheticTask(vocab_size=shape.vocab_size, seq_len=plan.seq_len, global_batch=plan.global_batch,
-                         seed=opts.seed)
+    task = SyntheticTask(
+        vocab_size=shape.vocab_size, seq_len=plan.seq_len, global_batch=plan.global_batch, seed=opts.seed
+    )
     if opts.padding_free:  # documents packed into each row; counted in real tokens
         task = PackedTask(task, vocab_size=shape.vocab_size)
     elif opts.documents:  # the same documents, one per row, padded: the packed batch's baseline
         task = PaddedTask(task, vocab_size=shape.vocab_size)
     batches = Batches(task, plan, dp_rank=dp_rank, cp=cp, device=device)
-    layout_kw = dict(device=device, mesh=mesh, positions=cp.positions if cp else None,
-                     attn_fn=cp.attn_fn if cp else None)
+    layout_kw = dict(
+        device=device, mesh=mesh, positions=cp.positions if cp else None, attn_fn=cp.attn_fn if cp else None
+    )
 
     # verified before any time counts
     depth = verify_depth(shape, plan, device=device, lora_rank=opts.lora_rank, forced=int(b.verify_layers))
     vshape = Shape.of(cfg.model, num_layers=depth)
-    single = TrainPlan(tp=1, pp=1, dp=1, cp=1, seq_len=plan.seq_len, micro_batch=plan.micro_batch,
-                       global_batch=plan.global_batch, precision=plan.precision, stages_per_rank=1)
-    reference = run_reference(lambda: build_reference(vshape, single, opts, device=device, batches=batches),
-                              batches.full, int(b.verify_steps))
+    single = TrainPlan(
+        tp=1,
+        pp=1,
+        dp=1,
+        cp=1,
+        seq_len=plan.seq_len,
+        micro_batch=plan.micro_batch,
+        global_batch=plan.global_batch,
+        precision=plan.precision,
+        stages_per_rank=1,
+    )
+    reference = run_reference(
+        lambda: build_reference(vshape, single, opts, device=device, batches=batches), batches.full, int(b.verify_steps)
+    )
     trainer = IMPLS.get(opts.impl)(vshape, plan, opts, **layout_kw)
-    verified = global_losses([trainer.step(*batches(s)) for s in range(int(b.verify_steps))],
-                             holds_loss=trainer.holds_loss)
+    verified = global_losses(
+        [trainer.step(*batches(s)) for s in range(int(b.verify_steps))], holds_loss=trainer.holds_loss
+    )
     worst = check_losses(reference, verified, precision=plan.precision)
     losses, step_no = list(verified), int(b.verify_steps)
     case_done(f"{len(verified)} steps verified at {depth} layers (max rel err {worst:.2g})", total=2)
@@ -106,7 +148,7 @@ def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | N
     # timed
     local: list[torch.Tensor] = []
     mem_per_step: list[float] = []
-    counter = iter(range(step_no, 10 ** 9))
+    counter = iter(range(step_no, 10**9))
 
     def step() -> None:
         local.append(trainer.step(*batches(next(counter))))
@@ -115,16 +157,25 @@ def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | N
         batches(s)  # made before timing
     reset_torch_peaks(device)
     nvml.resume()
-    times = time_iterations(step, warmup=int(b.warmup), iters=int(b.iters), device=device,
-                            after=lambda: mem_per_step.append(current_bytes(device) / GIB))
+    times = time_iterations(
+        step,
+        warmup=int(b.warmup),
+        iters=int(b.iters),
+        device=device,
+        after=lambda: mem_per_step.append(current_bytes(device) / GIB),
+    )
     nvml.pause()
     stats = summarize(times)
     case_done(f"{int(b.iters)} steps timed: median {stats['median_s']:.3g} s", total=2)
     losses += global_losses(local, holds_loss=trainer.holds_loss)
     first_loss, last_loss = check_learning(losses)
-    memory = {**torch_memory(device), "nvml_peak_bytes": nvml.peak_above_start(),
-              "nvml_start_bytes": nvml.start_level, "host_peak_rss_bytes": host_peak_rss(),
-              "host_peak_anon_bytes": host.stop()}
+    memory = {
+        **torch_memory(device),
+        "nvml_peak_bytes": nvml.peak_above_start(),
+        "nvml_start_bytes": nvml.start_level,
+        "host_peak_rss_bytes": host_peak_rss(),
+        "host_peak_anon_bytes": host.stop(),
+    }
 
     # derived rates
     step_tokens = tokens_per_step(plan, task, range(step_no + int(b.warmup), step_no + int(b.warmup) + int(b.iters)))
@@ -133,24 +184,55 @@ def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | N
     achieved = tokens_per_s * fpt / plan.world_size  # model FLOP/s per device
     peak, device_name = dense_peak(device, plan.precision)
     if achieved > ceiling:
-        raise VerificationError(f"model FLOP/s per device {achieved:.3e} exceed the matmul ceiling {ceiling:.3e} "
-                                f"measured in this job: the FLOP count or the timing is wrong")
+        raise VerificationError(
+            f"model FLOP/s per device {achieved:.3e} exceed the matmul ceiling {ceiling:.3e} "
+            f"measured in this job: the FLOP count or the timing is wrong"
+        )
     out = job_dir or Path.cwd()
     files: dict[str, Any] = {}
     if b.profile:
-        files = profile_window(step, out_dir=out, rank=rank, skip=int(b.profile_skip), warmup=int(b.profile_warmup),
-                               active=int(b.profile_active), device=device, memory_snapshot=bool(b.memory_snapshot))
-        files["tensorboard"] = write_scalars(out, rank=rank, series={
-            "loss": (0, losses), "memory_gib": (step_no, mem_per_step),
-            "step_time_s": (step_no + int(b.warmup), times),
-            "tokens_per_s": (step_no + int(b.warmup), [plan.tokens_per_step / t for t in times])})
+        files = profile_window(
+            step,
+            out_dir=out,
+            rank=rank,
+            skip=int(b.profile_skip),
+            warmup=int(b.profile_warmup),
+            active=int(b.profile_active),
+            device=device,
+            memory_snapshot=bool(b.memory_snapshot),
+        )
+        files["tensorboard"] = write_scalars(
+            out,
+            rank=rank,
+            series={
+                "loss": (0, losses),
+                "memory_gib": (step_no, mem_per_step),
+                "step_time_s": (step_no + int(b.warmup), times),
+                "tokens_per_s": (step_no + int(b.warmup), [plan.tokens_per_step / t for t in times]),
+            },
+        )
     return {
-        "plan": plan, "shape": shape, "times_s": times, "stats": stats, "losses": losses,
-        "reference_losses": reference, "verified_losses": verified, "verify_layers": depth,
-        "verify_max_rel_err": worst, "first_loss": first_loss, "last_loss": last_loss,
-        "tokens_per_s": tokens_per_s, "flops_per_token": fpt, "achieved_flops": achieved,
-        "ceiling_flops": ceiling, "peak_flops": peak, "device_name": device_name, "memory": memory,
-        "num_trainable": trainer.num_trainable, "files": files, "cp": cp.describe() if cp else None,
+        "plan": plan,
+        "shape": shape,
+        "times_s": times,
+        "stats": stats,
+        "losses": losses,
+        "reference_losses": reference,
+        "verified_losses": verified,
+        "verify_layers": depth,
+        "verify_max_rel_err": worst,
+        "first_loss": first_loss,
+        "last_loss": last_loss,
+        "tokens_per_s": tokens_per_s,
+        "flops_per_token": fpt,
+        "achieved_flops": achieved,
+        "ceiling_flops": ceiling,
+        "peak_flops": peak,
+        "device_name": device_name,
+        "memory": memory,
+        "num_trainable": trainer.num_trainable,
+        "files": files,
+        "cp": cp.describe() if cp else None,
         "pp_bubble": trainer.bubble(),
         "recipe": {**describe(opts, device=device), "tokens_per_step": step_tokens},
     }

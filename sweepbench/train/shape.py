@@ -33,8 +33,9 @@ class Shape:
     def of(cls, model: Any, *, num_layers: int | None = None) -> "Shape":
         """From a ``model`` config, read and checked as every engine reads it (``ModelShape``)."""
         m = ModelShape.from_config(model)
-        return cls(num_layers or m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.ffn_hidden_size,
-                   m.vocab_size)
+        return cls(
+            num_layers or m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.ffn_hidden_size, m.vocab_size
+        )
 
     @property
     def head_dim(self) -> int:
@@ -67,8 +68,12 @@ class Shape:
     def num_params(self, *, lora_rank: int = 0) -> int:
         """All parameters: embedding, blocks, final norm, output projection (untied), adapters."""
         d = self.hidden_size
-        return (self.embedding_params() + self.num_layers * (self.layer_params() + self.lora_params(lora_rank))
-                + d + self.vocab_size * d)
+        return (
+            self.embedding_params()
+            + self.num_layers * (self.layer_params() + self.lora_params(lora_rank))
+            + d
+            + self.vocab_size * d
+        )
 
 
 def flops_per_token(shape: Shape, seq_len: int, *, lora_rank: int = 0) -> float:

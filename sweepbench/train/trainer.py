@@ -53,8 +53,7 @@ class TrainOptions:
 
 
 def build_mesh(plan: TrainPlan, device: torch.device) -> DeviceMesh:
-    return init_device_mesh(device.type, (plan.pp, plan.dp, plan.cp, plan.tp),
-                            mesh_dim_names=("pp", "dp", "cp", "tp"))
+    return init_device_mesh(device.type, (plan.pp, plan.dp, plan.cp, plan.tp), mesh_dim_names=("pp", "dp", "cp", "tp"))
 
 
 def data_mesh(mesh: DeviceMesh, plan: TrainPlan) -> DeviceMesh:
@@ -76,9 +75,17 @@ class Trainer:
     this rank's rows (and sequence shard) of a global batch and returns its loss (a 0-dim
     tensor; meaningful where :attr:`holds_loss`)."""
 
-    def __init__(self, shape: Shape, plan: TrainPlan, opts: TrainOptions, *, device: torch.device,
-                 mesh: DeviceMesh | None = None, positions: torch.Tensor | None = None,
-                 attn_fn: Callable | None = None) -> None:
+    def __init__(
+        self,
+        shape: Shape,
+        plan: TrainPlan,
+        opts: TrainOptions,
+        *,
+        device: torch.device,
+        mesh: DeviceMesh | None = None,
+        positions: torch.Tensor | None = None,
+        attn_fn: Callable | None = None,
+    ) -> None:
         self.shape, self.plan, self.opts, self.device, self.mesh = shape, plan, opts, device, mesh
         self.dtype = DTYPES[plan.precision]
         self.sharded = mesh is not None and plan.dp * plan.cp > 1 and opts.dp_shard == "fsdp"
@@ -90,20 +97,29 @@ class Trainer:
         for sid in stage_ids:
             first, last = sid == 0, sid == plan.num_stages - 1
             self.first, self.last = self.first or first, self.last or last
-            self.parts.append(self._build_part(range(sid * per_stage, (sid + 1) * per_stage), first=first,
-                                               last=last, positions=positions, attn_fn=attn_fn))
+            self.parts.append(
+                self._build_part(
+                    range(sid * per_stage, (sid + 1) * per_stage),
+                    first=first,
+                    last=last,
+                    positions=positions,
+                    attn_fn=attn_fn,
+                )
+            )
         params = [p for part in self.parts for p in part.parameters() if p.requires_grad]
         self.num_trainable = sum(p.numel() for p in params)
-        self.optimizer = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.95), weight_decay=0.1,
-                                           fused=opts.fused_adamw)
+        self.optimizer = torch.optim.AdamW(
+            params, lr=opts.lr, betas=(0.9, 0.95), weight_decay=0.1, fused=opts.fused_adamw
+        )
         self.schedule = self._build_schedule(stage_ids) if plan.pp > 1 else None
 
     @property
     def holds_loss(self) -> bool:
         return self.last
 
-    def _build_part(self, layer_ids: range, *, first: bool, last: bool, positions: torch.Tensor | None,
-                    attn_fn: Callable | None) -> nn.Module:
+    def _build_part(
+        self, layer_ids: range, *, first: bool, last: bool, positions: torch.Tensor | None, attn_fn: Callable | None
+    ) -> nn.Module:
         with torch.device("meta"):
             model = Transformer(self.shape, lora_rank=self.opts.lora_rank, lora_alpha=self.opts.lora_alpha)
         model.keep_stage(layer_ids, first=first, last=last)
@@ -124,8 +140,7 @@ class Trainer:
             apply_compile(model)
         init_weights(model, seed=self.opts.seed, device=self.device, dtype=self.dtype)
         apply_recipe(model, self.opts, device=self.device)
-        model.positions = (positions if positions is not None
-                           else torch.arange(self.plan.seq_len, device=self.device))
+        model.positions = positions if positions is not None else torch.arange(self.plan.seq_len, device=self.device)
         if self.mesh is None or self.plan.dp * self.plan.cp == 1:
             return model
         dmesh = data_mesh(self.mesh, self.plan)
@@ -137,8 +152,10 @@ class Trainer:
     def _build_schedule(self, stage_ids: list[int]):
         from torch.distributed.pipelining import PipelineStage, schedules
 
-        stages = [PipelineStage(part, sid, self.plan.num_stages, self.device, group=self.mesh["pp"].get_group())
-                  for part, sid in zip(self.parts, stage_ids)]
+        stages = [
+            PipelineStage(part, sid, self.plan.num_stages, self.device, group=self.mesh["pp"].get_group())
+            for part, sid in zip(self.parts, stage_ids)
+        ]
         spec = schedule_spec(self.opts.pp_schedule)
         kind = getattr(schedules, spec.cls_name)
         arg = stages if spec.runtime else stages[0]
@@ -166,7 +183,7 @@ class Trainer:
         for i in range(n):
             last = i == n - 1
             sync = model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext()
-            yield inputs[i * mb:(i + 1) * mb], targets[i * mb:(i + 1) * mb], sync
+            yield inputs[i * mb : (i + 1) * mb], targets[i * mb : (i + 1) * mb], sync
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)

@@ -78,8 +78,10 @@ def check_losses(reference: list[float], got: list[float], *, precision: str) ->
         err = abs(g - r) / max(abs(r), abs(reference[0]), 1e-12)
         worst = max(worst, err)
         if not err <= rtol:
-            raise VerificationError(f"step {i}: loss {g:.6f} differs from the single-device reference "
-                                    f"{r:.6f} by {err:.2e} (relative to max(|reference|, first loss); tolerance {rtol:.0e} in {precision})")
+            raise VerificationError(
+                f"step {i}: loss {g:.6f} differs from the single-device reference "
+                f"{r:.6f} by {err:.2e} (relative to max(|reference|, first loss); tolerance {rtol:.0e} in {precision})"
+            )
     return worst
 
 
@@ -88,9 +90,11 @@ def check_learning(losses: list[float], *, last: int = 3) -> tuple[float, float]
     first, tail = losses[0], losses[-last:]
     end = sum(tail) / len(tail)
     if not end <= first * (1 - MIN_DROP):
-        raise VerificationError(f"the timed steps did not lower the loss on the learnable task: first step "
-                                f"{first:.4f}, mean of the last {len(tail)} {end:.4f} (needs <= "
-                                f"{first * (1 - MIN_DROP):.4f}); losses {[round(x, 4) for x in losses]}")
+        raise VerificationError(
+            f"the timed steps did not lower the loss on the learnable task: first step "
+            f"{first:.4f}, mean of the last {len(tail)} {end:.4f} (needs <= "
+            f"{first * (1 - MIN_DROP):.4f}); losses {[round(x, 4) for x in losses]}"
+        )
     return first, end
 
 

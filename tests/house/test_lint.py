@@ -1,5 +1,6 @@
 """The package passes ruff's check (pyproject's [tool.ruff]: pyflakes and syntax errors): an undefined
-name, an unused import or variable, or a dictionary key written twice fails here, not at run time."""
+name, an unused import or variable, or a dictionary key written twice fails here, not at run time.
+And it is laid out as ``ruff format`` lays it out, so a change shows what it changes, not a re-wrap."""
 
 import subprocess
 import sys
@@ -20,3 +21,17 @@ def test_ruff_check_catches_an_undefined_name(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--config", str(ROOT / "pyproject.toml"), str(bad)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "F821" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_the_package_is_formatted() -> None:
+    proc = subprocess.run([sys.executable, "-m", "ruff", "format", "--check", "sweepbench", "hydra_plugins"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr + "\n(run: ruff format sweepbench hydra_plugins)"
+
+
+def test_ruff_format_check_catches_a_file_laid_out_by_hand(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("x = {  'a':1 }\n")
+    proc = subprocess.run([sys.executable, "-m", "ruff", "format", "--check", "--config", str(ROOT / "pyproject.toml"),
+                           str(bad)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "would be reformatted" in proc.stdout, proc.stdout + proc.stderr
