@@ -10,9 +10,10 @@ returns ``{"cases": [...], "sampling": {...}}`` (rank 0's counts); a wrong resul
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from sweepbench.core import Registry, load_entry
 
 ALL_OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv"]  # collectives.OPS
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -32,23 +33,14 @@ class CollectiveImpl:
     reference: str = ""
 
     def load(self) -> Callable[..., dict[str, Any]]:
-        module, _, attr = self.entry.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        return load_entry(self.entry)
 
 
-IMPLS: dict[str, CollectiveImpl] = {}
-
-
-def register(name: str, impl: CollectiveImpl) -> None:
-    if name in IMPLS:
-        raise ValueError(f"collective implementation {name!r} registered twice")
-    IMPLS[name] = impl
+IMPLS: Registry[CollectiveImpl] = Registry("collective implementation")
 
 
 def get_impl(name: str) -> CollectiveImpl:
-    if name not in IMPLS:
-        raise ValueError(f"benchmark.impl={name!r}; valid: {', '.join(sorted(IMPLS))}")
-    return IMPLS[name]
+    return IMPLS.get(name, key="benchmark.impl")
 
 
 def _check_nccl_tests(cfg: Any, world_size: int) -> None:
@@ -57,7 +49,7 @@ def _check_nccl_tests(cfg: Any, world_size: int) -> None:
     check_build(cfg, world_size)
 
 
-register(
+IMPLS.add(
     "torch",
     CollectiveImpl(
         "sweepbench.measure.collectives:run_torch",
@@ -78,7 +70,7 @@ def _check_cuda(cfg: Any, world_size: int) -> None:
         )
 
 
-register(
+IMPLS.add(
     "torch_graph",
     CollectiveImpl(
         "sweepbench.measure.collectives:run_torch_graph",
@@ -88,7 +80,7 @@ register(
         reference="nccl_tests_graph",
     ),
 )
-register(
+IMPLS.add(
     "nccl_tests",
     CollectiveImpl(
         "sweepbench.measure.nccl_tests:run_cases",
@@ -96,7 +88,7 @@ register(
         check=_check_nccl_tests,
     ),
 )
-register(
+IMPLS.add(
     "nccl_tests_graph",
     CollectiveImpl(
         "sweepbench.measure.nccl_tests:run_cases_graph",
