@@ -17,6 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from sweepbench.attention.case import AttentionCase
 from sweepbench.attention.efficiency import efficiency_local
 from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, PageSpec, Plot
 from sweepbench.benchmarks.registry import register
@@ -29,24 +30,54 @@ T1_FAULTS = ("", "exit", "kill", "raise", "segfault")
 @dataclass
 class AttentionConfig(BenchmarkConfig):
     name: str = "attention"
-    seq_len: int = 2048  # tokens of the whole sequence (split over the ring of parallelism.cp ranks)
+    # tokens of the whole sequence (split over the ring of parallelism.cp ranks; divisible by 2*cp for
+    # the zigzag impls)
+    seq_len: int = 2048
     batch_size: int = 2
     causal: bool = True
     backward: bool = True  # time fwd+bwd (false: forward only)
-    dtype: str = ""  # "" = the model's dtype
-    impl: str = "ring"  # ring | ring_naive | allgather | ulysses | torch_cp
+    dtype: str = ""  # "" = the model's dtype (model.dtype)
+    impl: str = "ring"  # ring | ring_naive | allgather | ulysses | torch_cp (CUDA only)
     pattern: str = "dense"  # dense | dilated (LongNet)
-    segment_lengths: list[int] = field(default_factory=lambda: [2048, 4096, 8192])  # dilated only
-    dilation_rates: list[int] = field(default_factory=lambda: [1, 2, 4])  # dilated only
-    sdpa_backend: str = "auto"  # auto (T1's fastest) | cpu_flash | cudnn | flash | efficient
+    segment_lengths: list[int] = field(default_factory=lambda: [2048, 4096, 8192])  # dilated: w of each branch
+    dilation_rates: list[int] = field(default_factory=lambda: [1, 2, 4])  # dilated: r of each branch (divides its w)
+    # auto = the fastest single-device backend (T1's) | cpu_flash | cudnn | flash | efficient
+    sdpa_backend: str = "auto"
     rotate_method: str = "allgather"  # torch_cp's K/V rotation: allgather | alltoall
-    t1_iters: int = 3  # timed iterations of each single-device backend (rank 0)
+    t1_iters: int = 3  # timed iterations of each single-device SDPA backend (T1), on rank 0
     # a backend whose median at the longest shorter length of this shape in the store was above this
     # factor x the best's (and its fastest sample slower than the best's slowest) is not timed: 0 = time all
     t1_prune_factor: float = 2.0
     # test knob: exit | kill | raise | segfault: a first T1 candidate "fault" whose probe process does that
     t1_fault: str = ""
     seed: int = 0
+
+
+def build_case(cfg: DictConfig) -> AttentionCase:
+    """The attention engine's config of this job: the benchmark's knobs and the model's shape."""
+    b, m = cfg.benchmark, cfg.model
+    return AttentionCase(
+        batch=int(b.batch_size),
+        heads=int(m.num_heads),
+        kv_heads=int(m.num_kv_heads),
+        head_dim=int(m.hidden_size) // int(m.num_heads),
+        seq_len=int(b.seq_len),
+        dtype=str(b.dtype or m.dtype),
+        causal=bool(b.causal),
+        backward=bool(b.backward),
+        impl=str(b.impl),
+        pattern=str(b.pattern),
+        segment_lengths=[int(x) for x in b.segment_lengths],
+        dilation_rates=[int(x) for x in b.dilation_rates],
+        sdpa_backend=str(b.sdpa_backend),
+        rotate_method=str(b.rotate_method),
+        warmup=int(b.warmup),
+        iters=int(b.iters),
+        t1_iters=int(b.t1_iters),
+        t1_prune_factor=float(b.t1_prune_factor),
+        t1_fault=str(b.t1_fault),
+        seed=int(b.seed),
+    )
 
 
 # the ring's scaling targets at W=2, by sequence length (efficiency, T1 at the whole length)
@@ -208,35 +239,12 @@ class AttentionBenchmark(Benchmark):
         from sweepbench.attention.runner import run_case
         from sweepbench.measure.store import Store, StoreSettings
 
-        ctx, cfg, m = self.ctx, self.cfg, self.ctx.cfg.model
+        ctx = self.ctx
         st = ctx.cfg.store
         settings = StoreSettings(dir=st.dir, enabled=st.enabled, refresh=st.refresh, max_mb=st.max_mb)
         store = Store.of_job(settings, ctx.job_dir) if ctx.rank == 0 else None
         case, summary = run_case(
-            rank=ctx.rank,
-            world_size=ctx.world_size,
-            device=ctx.device,
-            seed=cfg.seed,
-            batch=cfg.batch_size,
-            heads=m.num_heads,
-            kv_heads=m.num_kv_heads,
-            head_dim=m.hidden_size // m.num_heads,
-            seq_len=cfg.seq_len,
-            dtype=cfg.dtype or m.dtype,
-            causal=cfg.causal,
-            backward=cfg.backward,
-            impl=cfg.impl,
-            pattern=cfg.pattern,
-            segment_lengths=list(cfg.segment_lengths),
-            dilation_rates=list(cfg.dilation_rates),
-            sdpa_backend=cfg.sdpa_backend,
-            rotate_method=cfg.rotate_method,
-            warmup=cfg.warmup,
-            iters=cfg.iters,
-            t1_iters=cfg.t1_iters,
-            t1_fault=cfg.t1_fault,
-            t1_prune_factor=cfg.t1_prune_factor,
-            store=store,
+            build_case(ctx.cfg), rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, store=store
         )
         return BenchmarkResult(
             cases=[case], summary=summary, verified=case["verified"], extra={"flop_count": case["flop_count_note"]}

@@ -12,6 +12,7 @@ from typing import Any, Iterator
 import torch
 
 from sweepbench.attention import impls
+from sweepbench.attention.case import AttentionCase
 from sweepbench.attention.registry import IMPLS, ImplSpec, register_impl
 
 NAME = "counted_ring"
@@ -39,14 +40,20 @@ if NAME not in IMPLS:
                            context=f"{__name__}:counted_context"))
 
 
+def small_case(*, impl: str, warmup: int, iters: int) -> AttentionCase:
+    """A dense causal case of 32 tokens, 2 heads of 8, fwd+bwd, one T1 iteration."""
+    return AttentionCase(batch=1, heads=2, kv_heads=2, head_dim=8, seq_len=32, dtype="float32", causal=True,
+                         backward=True, impl=impl, pattern="dense", segment_lengths=[], dilation_rates=[],
+                         sdpa_backend="auto", rotate_method="allgather", warmup=warmup, iters=iters, t1_iters=1,
+                         t1_prune_factor=0.0, t1_fault="", seed=0)
+
+
 def run_counted(rank: int, world_size: int, warmup: int, iters: int) -> tuple[dict[str, Any], dict[str, int]]:
     from sweepbench.attention.runner import run_case
 
     COUNTS.update(entries=0, open=0, calls=0, calls_outside=0)
-    case, _ = run_case(rank=rank, world_size=world_size, device=torch.device("cpu"), seed=0, batch=1, heads=2,
-                       kv_heads=2, head_dim=8, seq_len=32, dtype="float32", causal=True, backward=True, impl=NAME,
-                       pattern="dense", segment_lengths=[], dilation_rates=[], sdpa_backend="auto",
-                       rotate_method="allgather", warmup=warmup, iters=iters, t1_iters=1)
+    case, _ = run_case(small_case(impl=NAME, warmup=warmup, iters=iters), rank=rank, world_size=world_size,
+                       device=torch.device("cpu"))
     return case, dict(COUNTS)
 
 
@@ -59,10 +66,8 @@ def run_stored(rank: int, world_size: int, store_dir: str) -> tuple[bool, str | 
 
     store = Store(Path(store_dir)) if rank == 0 else None
     try:
-        case, _ = run_case(rank=rank, world_size=world_size, device=torch.device("cpu"), seed=0, batch=1, heads=2,
-                           kv_heads=2, head_dim=8, seq_len=32, dtype="float32", causal=True, backward=True,
-                           impl="ring", pattern="dense", segment_lengths=[], dilation_rates=[], sdpa_backend="auto",
-                           rotate_method="allgather", warmup=1, iters=1, t1_iters=1, store=store)
+        case, _ = run_case(small_case(impl="ring", warmup=1, iters=1), rank=rank, world_size=world_size,
+                           device=torch.device("cpu"), store=store)
     except VerificationError as err:
         return False, str(err)
     return case["t1_reused"], None
