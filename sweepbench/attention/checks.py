@@ -44,8 +44,7 @@ def check_case(
     sdpa_backend: str,
     batch_size: int,
 ) -> None:
-    if impl not in IMPLS:
-        raise ValueError(f"benchmark.impl={impl!r} is not valid; choose one of {', '.join(IMPLS)}")
+    IMPLS.check(impl, key="benchmark.impl")
     if pattern not in PATTERNS:
         raise ValueError(f"benchmark.pattern={pattern!r} is not valid; choose one of {', '.join(PATTERNS)}")
     if seq_len <= 0 or batch_size <= 0:

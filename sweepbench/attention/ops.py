@@ -27,6 +27,7 @@ import torch
 
 from sweepbench.attention.accum import Merged, RowSum, merge_
 from sweepbench.attention.registry import SDPA_DEVICE
+from sweepbench.core import Registry
 
 aten = torch.ops.aten
 Aux = tuple[Any, ...]
@@ -47,14 +48,12 @@ class SdpaBackend:
     views: bool = False
 
 
-SDPA_BACKENDS: dict[str, SdpaBackend] = {}
+SDPA_BACKENDS: Registry[SdpaBackend] = Registry("SDPA backend", ordered=True)
 
 
 def _register(backend: SdpaBackend) -> None:
     assert SDPA_DEVICE[backend.name] == backend.device_type, backend.name
-    if backend.name in SDPA_BACKENDS:
-        raise ValueError(f"SDPA backend {backend.name!r} registered twice")
-    SDPA_BACKENDS[backend.name] = backend
+    SDPA_BACKENDS.add(backend.name, backend)
 
 
 def _cpu_fwd(q, k, v, causal, scale):
@@ -152,9 +151,7 @@ _register(SdpaBackend("efficient", "cuda", _efficient_fwd, _efficient_bwd, (torc
 
 
 def get_backend(name: str) -> SdpaBackend:
-    if name not in SDPA_BACKENDS:
-        raise ValueError(f"unknown SDPA backend {name!r}; valid: {', '.join(SDPA_BACKENDS)}")
-    return SDPA_BACKENDS[name]
+    return SDPA_BACKENDS.get(name)
 
 
 def backends_for(device_type: str, dtype: torch.dtype) -> list[str]:

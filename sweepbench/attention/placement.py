@@ -14,31 +14,23 @@ from typing import Callable, Sequence
 import torch
 
 from sweepbench.attention.registry import usp_degree
+from sweepbench.core import Registry
 
-PLACEMENTS: dict[str, Callable[[int, int], list[int]]] = {}
-
-
-def _placement(name: str):
-    def wrap(fn: Callable[[int, int], list[int]]) -> Callable[[int, int], list[int]]:
-        if name in PLACEMENTS:
-            raise ValueError(f"placement {name!r} registered twice")
-        PLACEMENTS[name] = fn
-        return fn
-
-    return wrap
+# placement -> (rank, W) -> the chunk indices the rank holds
+PLACEMENTS: Registry[Callable[[int, int], list[int]]] = Registry("placement", ordered=True)
 
 
-@_placement("contiguous")
+@PLACEMENTS.register("contiguous")
 def _contiguous(rank: int, world_size: int) -> list[int]:
     return [rank]
 
 
-@_placement("zigzag")
+@PLACEMENTS.register("zigzag")
 def _zigzag(rank: int, world_size: int) -> list[int]:
     return [rank, 2 * world_size - 1 - rank]
 
 
-@_placement("usp")
+@PLACEMENTS.register("usp")
 def _usp(rank: int, world_size: int) -> list[int]:
     """Ulysses groups of u = usp_degree(W) consecutive ranks x a zigzag ring of R = W/u groups: the
     sequence is cut into 2W pieces (each of the ring's 2R zigzag chunks into u); group i's ranks
@@ -57,9 +49,7 @@ def num_chunks(placement: str, world_size: int) -> int:
 
 def chunks_of(placement: str, rank: int, world_size: int) -> list[int]:
     """The chunk indices rank ``rank`` holds, in its local order."""
-    if placement not in PLACEMENTS:
-        raise ValueError(f"unknown placement {placement!r}; valid: {', '.join(PLACEMENTS)}")
-    return PLACEMENTS[placement](rank, world_size)
+    return PLACEMENTS.get(placement)(rank, world_size)
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,10 @@ imported only where a rank runs it."""
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from sweepbench.core import Registry, load_entry
 
 DEVICES = ("cpu", "cuda")
 PATTERNS = ("dense", "dilated")
@@ -48,25 +49,17 @@ class ImplSpec:
         return self.dilated_placement if pattern == "dilated" and self.dilated_placement else self.placement
 
     def load(self) -> Callable[..., Any]:
-        return _load(self.entry)
+        return load_entry(self.entry)
 
     def load_context(self) -> Callable[..., Any] | None:
-        return _load(self.context) if self.context else None
+        return load_entry(self.context) if self.context else None
 
 
-def _load(path: str) -> Callable[..., Any]:
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-IMPLS: dict[str, ImplSpec] = {}
+IMPLS: Registry[ImplSpec] = Registry("attention impl", ordered=True)
 
 
 def register_impl(spec: ImplSpec) -> ImplSpec:
-    if spec.name in IMPLS:
-        raise ValueError(f"attention impl {spec.name!r} registered twice")
-    IMPLS[spec.name] = spec
-    return spec
+    return IMPLS.add(spec.name, spec)
 
 
 _E = "sweepbench.attention.impls"
@@ -122,9 +115,7 @@ register_impl(
 
 
 def get_impl(name: str) -> ImplSpec:
-    if name not in IMPLS:
-        raise ValueError(f"unknown attention impl {name!r}; valid: {', '.join(IMPLS)}")
-    return IMPLS[name]
+    return IMPLS.get(name)
 
 
 def placement_of(impl: str, pattern: str = "dense") -> str:

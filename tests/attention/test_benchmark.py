@@ -130,7 +130,7 @@ BAD = {
                      "impl=torch_cp runs on cuda only, not cpu (on cpu: ring, ring_naive, allgather, ulysses, usp)"),
     "gpu_sdpa_on_cpu": (["benchmark.sdpa_backend=cudnn", "benchmark.seq_len=128"],
                         "benchmark.sdpa_backend='cudnn' does not run on cpu; valid: auto, cpu_flash"),
-    "impl": (["benchmark.impl=flash3"], "benchmark.impl='flash3' is not valid; choose one of ring, ring_naive"),
+    "impl": (["benchmark.impl=flash3"], "benchmark.impl='flash3'; valid: ring, ring_naive"),
     "t1_fault": (["benchmark.t1_fault=boom"], "benchmark.t1_fault='boom'; valid: '' (off), exit, kill, raise, segfault"),
     "not_cp": (["parallelism=tp2"], "benchmark=attention splits the sequence only: use parallelism=cp1/cp2/cp4/cp8"),
 }
