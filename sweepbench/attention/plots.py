@@ -12,14 +12,14 @@ Series = dict[str, list[tuple[float, float]]]
 
 
 def _label(job: dict[str, Any], case: dict[str, Any]) -> str:
-    from sweepbench.report.plotting import config_value
+    from sweepbench.draw.plotting import config_value
 
     model = config_value(job, "model.name", "?")
     return f"{case['impl']} {model} {case['pattern']} kv{case['kv_heads']}"
 
 
 def scaling_plots(jobs: list[dict[str, Any]]) -> list[tuple[str, Figure, str]]:
-    from sweepbench.report.plotting import heatmap, line_plot, ok_cases
+    from sweepbench.draw.plotting import heatmap, line_plot, ok_cases
 
     cases = list(ok_cases(jobs))
     if not cases:

@@ -20,8 +20,8 @@ from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, Pag
 from sweepbench.benchmarks.registry import register
 from sweepbench.config.schema import BenchmarkConfig
 from sweepbench.core import VerificationError
+from sweepbench.draw.units import format_bytes
 from sweepbench.measure.collective_impls import ALL_OPS, DTYPE_BYTES, IMPLS, get_impl
-from sweepbench.report.units import format_bytes
 
 
 @dataclass
@@ -150,7 +150,7 @@ class CollectiveBenchmark(Benchmark):
         """busbw over message size, a line per op and world size, against each world size's
         fastest send/recv ring: the link ceiling the job measured itself."""
         from sweepbench.benchmarks.base import Plot
-        from sweepbench.report.plotting import line_plot, ok_cases
+        from sweepbench.draw.plotting import line_plot, ok_cases
 
         series: dict[str, list[tuple[float, float]]] = {}
         ceilings: dict[str, float] = {}

@@ -158,7 +158,7 @@ class RefitBenchmark(Benchmark):
     def plots(cls, jobs: list[dict[str, Any]]) -> list[Plot]:
         """Refit time per layout pair, strategy and mode, against its link floor."""
         from sweepbench.benchmarks.base import Plot
-        from sweepbench.report.plotting import bar_plot, config_value, ok_cases
+        from sweepbench.draw.plotting import bar_plot, config_value, ok_cases
 
         times: dict[str, float] = {}
         floors: dict[str, float] = {}

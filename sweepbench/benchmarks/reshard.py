@@ -124,7 +124,7 @@ class ReshardBenchmark(Benchmark):
         """Effective bandwidth per case against the bandwidth its floor allows, per job; and
         fraction_of_link per case and job when there are several jobs."""
         from sweepbench.benchmarks.base import Plot
-        from sweepbench.report.plotting import bar_plot, config_value, heatmap, ok_jobs
+        from sweepbench.draw.plotting import bar_plot, config_value, heatmap, ok_jobs
 
         plots, fractions = [], {}
         for job in ok_jobs(jobs):

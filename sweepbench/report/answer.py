@@ -15,10 +15,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from sweepbench.draw.units import format_bytes, format_time
 from sweepbench.report.axes import WORLD, Axis, Layout, layout, sortable
 from sweepbench.report.cases import case_identity
 from sweepbench.report.hooks import compared, work_per_step
-from sweepbench.report.units import format_bytes, format_time
 
 COLUMNS = ("benchmark", "group", "case", "rank", "config", "median_s", "ratio", "verdict", "p_value", "tag")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from sweepbench.report.units import format_bytes
+from sweepbench.draw.units import format_bytes
 
 # scalar fields that vary between runs of one case, or that are settings rather than identity
 # (samples_recorded: how many samples a case held before a report thinned them, report.load)

@@ -30,11 +30,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from sweepbench.draw.plotting import config_value, figure_svg, heatmap
 from sweepbench.record.atomic import write_atomic
 from sweepbench.report.cases import case_identity, case_labels
 from sweepbench.report.hooks import compared
 from sweepbench.report.load import Sweep
-from sweepbench.report.plotting import config_value, figure_svg, heatmap
 from sweepbench.report.stats import (
     DECIDED,
     Thresholds,

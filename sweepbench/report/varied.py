@@ -60,7 +60,7 @@ def _powers_of_two(values: Sequence[float]) -> bool:
 def axis_figures(jobs: Sequence[dict[str, Any]], hooks: Any) -> list[tuple[str, Figure, str]]:
     """(title, figure, caption) per headline metric against the varied axes; none when nothing
     varied or fewer than two jobs are ok. ``hooks(job)`` gives the job's ``Headline`` list."""
-    from sweepbench.report.plotting import axis_plot, bar_plot
+    from sweepbench.draw.plotting import axis_plot, bar_plot
 
     lay: Layout = layout(jobs)
     ok = [j for j in jobs if j.get("status") == "ok" and j.get("results")]
@@ -110,7 +110,7 @@ def axis_figures(jobs: Sequence[dict[str, Any]], hooks: Any) -> list[tuple[str, 
 def distribution_figure(jobs: Sequence[dict[str, Any]]) -> tuple[Figure, str] | None:
     """Every ok job's per-iteration times on one axis (a row per job, and per case when a job
     measures several), labelled by the axes that vary; at most ``MAX_ROWS`` rows, the slowest."""
-    from sweepbench.report.plotting import strip_plot
+    from sweepbench.draw.plotting import strip_plot
 
     lay = layout(jobs)
     every = [*lay.scales, *lay.series]

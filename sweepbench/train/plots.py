@@ -8,7 +8,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from sweepbench.report.plotting import bar_plot, config_value, line_plot, ok_jobs
+from sweepbench.draw.plotting import bar_plot, config_value, line_plot, ok_jobs
 
 RECIPE_KEYS = ("seq_len", "precision", "ac", "compile", "dp_shard", "lora_rank", "global_batch")
 

@@ -116,7 +116,7 @@ def test_log_axes_label_plain_numbers_that_never_overlap(tmp_path: Path, fast_ms
     on an axis of a decade or two name minor ticks in scientific notation (3x10^-1, 4x10^-1),
     written over each other: a full report run once drew exactly that. The report's log axes name
     plain numbers, at 1-2-5 steps over a few decades and at powers of ten over more."""
-    from sweepbench.report.plotting import figure_svg, strip_plot
+    from sweepbench.draw.plotting import figure_svg, strip_plot
 
     spread = [0.9, 0.95, 1.0, 1.05, 1.2]
     fig = strip_plot({"fast job": [fast_ms * f / 1e3 for f in spread], "slow job": [slow_ms * f / 1e3 for f in spread],
@@ -135,7 +135,7 @@ def test_log_axes_label_plain_numbers_that_never_overlap(tmp_path: Path, fast_ms
 
 def test_overlap_check_sees_overlapping_labels(tmp_path: Path) -> None:
     """The check above can fail: a figure with two labels written over each other is caught."""
-    from sweepbench.report.plotting import figure_svg, new_figure
+    from sweepbench.draw.plotting import figure_svg, new_figure
 
     fig = new_figure(3, 2)
     ax = fig.add_subplot()

@@ -9,7 +9,7 @@ Typical use in a plugin (import inside ``plots()``, never at module level)::
 
     @classmethod
     def plots(cls, jobs):
-        from sweepbench.report.plotting import line_plot, ok_cases
+        from sweepbench.draw.plotting import line_plot, ok_cases
         series = {}
         for job, case in ok_cases(jobs):
             series.setdefault(case["op"], []).append((case["size_bytes"], case["busbw_gbps"]))
@@ -29,7 +29,7 @@ from matplotlib.colors import Normalize, TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from sweepbench.report.units import format_bytes
+from sweepbench.draw.units import format_bytes
 
 Points = Sequence[tuple[float, float]]  # (x, y) pairs; sorted by x when drawn
 
