@@ -5,8 +5,8 @@ dependencies. One JSON line per case; the same code path and numbers as a benchm
 
     python bench/gpu/fms_engine_check.py conf/model/llama3_1b.yaml OUT.json "impl=ours" "impl=hf lora_rank=16" ...
 
-Each case is benchmark.* overrides (space-separated) on conf/benchmark/train.yaml at seq 4096,
-micro-batch 4, bf16, 2 warm-up and 6 timed steps."""
+Each case is benchmark.* overrides (space-separated) on the train engine's knobs (``TrainKnobs``
+defaults) at seq 4096, micro-batch 4, bf16, 2 warm-up and 6 timed steps."""
 from __future__ import annotations
 
 import gc
@@ -21,8 +21,9 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-DEFAULTS = {"seq_len": 4096, "micro_batch": 4, "precision": "bf16", "warmup": 2, "iters": 6}
-LAYOUT = {"name": "tp1", "tp": 1, "pp": 1, "ep": 1, "dp": 1, "cp": 1}
+DEFAULTS = {"seq_len": 4096, "micro_batch": 4, "precision": "bf16"}
+STEPS = {"warmup": 2, "iters": 6}
+LAYOUT = {"layout": "tp1", "tp": 1, "pp": 1, "ep": 1, "dp": 1, "cp": 1}
 
 
 def load(path: str) -> dict[str, Any]:
@@ -32,17 +33,27 @@ def load(path: str) -> dict[str, Any]:
 
 
 def value(v: str) -> Any:
-    return {"true": True, "false": False}.get(v, int(v) if v.isdigit() else v)
+    if v in ("true", "false"):
+        return v == "true"
+    for kind in (int, float):
+        try:
+            return kind(v)
+        except ValueError:
+            pass
+    return v
 
 
-def run_case(line: str, *, model: dict[str, Any], bench: dict[str, Any]) -> dict[str, Any]:
+def run_case(line: str, *, model: dict[str, Any]) -> dict[str, Any]:
+    from sweepbench.parallel.specs import ModelShape
+    from sweepbench.train.config import TrainJob, TrainKnobs
     from sweepbench.train.run import run_training
 
-    b = {**bench, **DEFAULTS, **{k: value(v) for k, v in (kv.split("=", 1) for kv in line.split())}}
-    cfg = OmegaConf.create({"benchmark": b, "model": {**model, "seq_len": b["seq_len"]}, "parallelism": LAYOUT})
+    knobs = TrainKnobs(**{**DEFAULTS, **{k: value(v) for k, v in (kv.split("=", 1) for kv in line.split())}})
+    shape = ModelShape.from_config({**model, "seq_len": knobs.seq_len})
+    job = TrainJob(knobs=knobs, **STEPS, model=shape, **LAYOUT)
     t0 = time.time()
     try:
-        r = run_training(cfg, rank=0, device=torch.device("cuda", 0), job_dir=None)
+        r = run_training(job, rank=0, device=torch.device("cuda", 0), job_dir=None)
     except Exception as e:  # noqa: BLE001 -- one case's failure is reported, the others still run
         return {"case": line, "ok": False, "error": f"{type(e).__name__}: {e}"[:600], "tb": traceback.format_exc()[-1500:]}
     return {"case": line, "ok": True, "tok_s": round(r["tokens_per_s"]),
@@ -59,10 +70,10 @@ def main() -> None:
     os.environ.setdefault("MASTER_PORT", "29511")
     dist.init_process_group("nccl", rank=0, world_size=1)
     torch.cuda.set_device(0)
-    model, bench = load(sys.argv[1]), load("conf/benchmark/train.yaml")
+    model = load(sys.argv[1])
     out = []
     for line in sys.argv[3:]:
-        row = run_case(line, model=model, bench=bench)
+        row = run_case(line, model=model)
         print(json.dumps(row), flush=True)
         out.append(row)
         gc.collect()

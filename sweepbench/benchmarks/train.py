@@ -8,7 +8,7 @@ peak (on a CPU, over the matmul ceiling the job measures, since no CPU peak is t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from omegaconf import DictConfig
@@ -17,43 +17,40 @@ from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, Pag
 from sweepbench.benchmarks.registry import register
 from sweepbench.config.schema import BenchmarkConfig
 from sweepbench.core import NotOnThisMachine
+from sweepbench.parallel.specs import ModelShape
+from sweepbench.train.config import TrainJob, TrainKnobs
 
 GIB = float(1 << 30)
 
 
 @dataclass
-class TrainConfig(BenchmarkConfig):
+class TrainConfig(TrainKnobs, BenchmarkConfig):
+    """The train engine's knobs (``train.config.TrainKnobs``: types, defaults, meanings) and every
+    benchmark's fields, as this benchmark's Hydra schema."""
+
     name: str = "train"
-    seq_len: int = 2048  # tokens per sequence (train.yaml: ${model.seq_len})
-    micro_batch: int = 1  # sequences per forward on each dp rank
-    global_batch: int = 0  # sequences per optimizer step; 0 = micro_batch * dp (* pp with a pipeline)
-    ac: str = "none"  # activation checkpointing: none | selective | full
-    compile: bool = False  # torch.compile each block
-    fused_adamw: bool = True
-    lr: float = 1e-3
-    precision: str = "auto"  # fp32 | bf16 (bf16 weights) | mixed (fp32 master + bf16 compute) | fp8 | auto
-    fp8_recipe: str = "tensorwise"  # precision=fp8: torchao's float8 scaling, tensorwise | rowwise
-    tp_sp: bool = True  # tp: sequence parallel (norms on sequence shards, Shard(1) between blocks)
-    async_tp: bool = False  # tp: overlap TP's collectives with matmuls (inductor + symmetric memory)
-    dp_shard: str = "fsdp"  # how dp (and cp) ranks hold the weights: fsdp (FSDP2) | ddp
-    pp_schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b | interleaved_zb | zbv (train/pipeline.py)
-    cp_impl: str = "ring"  # the attention engine's context-parallel kernel
-    lora_rank: int = 0  # 0 = full fine-tune; r > 0 = LoRA on wq/wk/wv/wo, base frozen
-    lora_alpha: float = 16.0
-    lora_lr_scale: float = 10.0  # adapters learn at lr * this (LoRA recipes use ~10x full fine-tune's lr)
-    seed: int = 0
-    verify_steps: int = 2  # first steps whose loss must match the single-device reference
-    verify_layers: int = 0  # 0 = full depth where the reference fits one device, else 2
-    profile: bool = False  # torch.profiler traces + TensorBoard scalars under the job dir
-    profile_skip: int = 1
-    profile_warmup: int = 1
-    profile_active: int = 2
-    memory_snapshot: bool = False  # CUDA allocator history of the profiled steps (profile=true)
-    impl: str = "ours"  # who trains: ours | hf (transformers + peft, dp layouts; train/impls.py)
-    quant: str = "none"  # none | nf4: frozen base linears in 4-bit NF4 (bitsandbytes), LoRA only
-    fused: str = "none"  # none | liger: liger-kernel RMSNorm, SwiGLU, RoPE, fused linear CE (CUDA)
-    padding_free: bool = False  # documents packed per row, attention within each; tokens/s of real tokens
-    documents: bool = False  # padding_free's documents; without padding_free one per row, padded (real tokens/s)
+
+
+_CASTS = {"int": int, "float": float, "bool": bool, "str": str}  # TrainKnobs' field types
+
+
+def build_job(cfg: DictConfig) -> TrainJob:
+    """The train engine's config of this job, built once: each knob cast to its declared type, the
+    model read as every engine reads it, the layout's degrees."""
+    b, p = cfg.benchmark, cfg.parallelism
+    knobs = TrainKnobs(**{f.name: _CASTS[f.type](b[f.name]) for f in fields(TrainKnobs)})
+    return TrainJob(
+        knobs=knobs,
+        warmup=int(b.warmup),
+        iters=int(b.iters),
+        model=ModelShape.from_config(cfg.model),
+        layout=str(p.name),
+        tp=int(p.tp),
+        pp=int(p.pp),
+        dp=int(p.dp),
+        cp=int(p.cp),
+        ep=int(p.ep),
+    )
 
 
 def _gib(x: Any) -> float | None:
@@ -147,15 +144,16 @@ class TrainBenchmark(Benchmark):
         from sweepbench.train.plan import check_device, check_plan
         from sweepbench.train.recipe import check_recipe, check_recipe_device
 
-        plan = check_plan(cfg)
+        job = build_job(cfg)
+        plan = check_plan(job)
         device = device_type(cfg)
-        check_cp(cfg, plan, device)
+        check_cp(job, plan, device)
         check_recipe(cfg, plan)
         if why := check_recipe_device(cfg, device):
             raise NotOnThisMachine(why)
-        if why := check_device(cfg, plan, device):
+        if why := check_device(job, plan, device):
             raise NotOnThisMachine(why)
-        if cfg.benchmark.compile and plan.tp > 1 and device == "cpu":
+        if job.knobs.compile and plan.tp > 1 and device == "cpu":
             # torch 2.13 on CPU: a DTensor redistribute's backward gets a plain tensor from a
             # compiled block ('Tensor' object has no attribute '_local_tensor')
             raise NotOnThisMachine(
@@ -177,7 +175,7 @@ class TrainBenchmark(Benchmark):
         from sweepbench.train.plan import rank_bytes
 
         gpu = min(visible_gpu_memory(), default=0) if device_type(cfg) == "cuda" else None
-        return rank_bytes(cfg, device_bytes=gpu or None)
+        return rank_bytes(build_job(cfg), device_bytes=gpu or None)
 
     @classmethod
     def page(cls) -> PageSpec:
@@ -244,13 +242,14 @@ class TrainBenchmark(Benchmark):
         from sweepbench.train.run import run_training
 
         ctx = self.ctx
-        r = run_training(ctx.cfg, rank=ctx.rank, device=ctx.device, job_dir=ctx.job_dir)
+        job = build_job(ctx.cfg)
+        r = run_training(job, rank=ctx.rank, device=ctx.device, job_dir=ctx.job_dir)
         per_rank: list[Any] = [None] * ctx.world_size
         dist.all_gather_object(per_rank, r["memory"])
         stats, plan = r["stats"], r["plan"]
         on_peak = r["peak_flops"] is not None
         mfu = r["achieved_flops"] / (r["peak_flops"] if on_peak else r["ceiling_flops"])
-        b = self.cfg
+        b = job.knobs
         summary = {  # the recipe first (results.csv columns), then the rates, then memory
             "seq_len": plan.seq_len,
             "global_batch": plan.global_batch,
@@ -291,11 +290,11 @@ class TrainBenchmark(Benchmark):
             "mem_host_peak_rss_gib": _gib(_max(per_rank, "host_peak_rss_bytes")),
         }
         case = {
-            "layout": ctx.cfg.parallelism.name,
+            "layout": job.layout,
             "times_s": r["times_s"],
             **stats,
-            "warmup": self.cfg.warmup,
-            "iters": self.cfg.iters,
+            "warmup": job.warmup,
+            "iters": job.iters,
             "loss_per_step": r["losses"],
             "tokens_per_step": plan.tokens_per_step,
             "global_batch": plan.global_batch,
@@ -318,7 +317,7 @@ class TrainBenchmark(Benchmark):
             "mfu_basis": basis,
             "flops_per_token": r["flops_per_token"],
             "mfu_formula": "6*(N - N_embedding) + 6*L*H*2*d_head*S FLOPs/token (LoRA: frozen weights 4)",
-            "num_params": r["shape"].num_params(lora_rank=self.cfg.lora_rank),
+            "num_params": r["shape"].num_params(lora_rank=b.lora_rank),
             "num_trainable": r["num_trainable"],
             "verification": {
                 "steps": len(r["reference_losses"]),
@@ -327,7 +326,7 @@ class TrainBenchmark(Benchmark):
                 "max_rel_err": r["verify_max_rel_err"],
                 "layers": r["verify_layers"],
                 "reduced_depth": r["verify_layers"] != r["shape"].num_layers,
-                "note": _verify_note(r["verify_layers"], r["shape"].num_layers, forced=bool(self.cfg.verify_layers)),
+                "note": _verify_note(r["verify_layers"], r["shape"].num_layers, forced=bool(b.verify_layers)),
                 "loss_first": r["first_loss"],
                 "loss_last": r["last_loss"],
             },

@@ -1,5 +1,6 @@
 """The training engine: a Llama-3-style decoder on plain torch and its parallel layouts.
 
+    config.py           the engine's one config: the benchmark's knobs, the model and the layout
     shape.py, plan.py   sizes, FLOPs/token and the checks that refuse a config (no torch)
     model.py, init.py   the decoder (RMSNorm, RoPE, GQA via SDPA, SwiGLU, LoRA) and its
                         name-seeded weights, identical in every layout
@@ -12,4 +13,4 @@
     run.py              one job on one rank: verify, time, measure, report
 
 Knows nothing of Hydra sweeps; ``sweepbench/benchmarks/train.py`` is the plugin that drives it.
-Importing this package (and shape/plan) does not import torch."""
+Importing this package (and config/shape/plan) does not import torch."""

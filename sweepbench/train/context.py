@@ -16,6 +16,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 
 from sweepbench.core import NotOnThisMachine
+from sweepbench.train.config import TrainJob
 from sweepbench.train.plan import TrainPlan
 
 
@@ -49,13 +50,13 @@ def build_context_parallel(
     )
 
 
-def check_cp(cfg: Any, plan: TrainPlan, device_type: str) -> None:
+def check_cp(job: TrainJob, plan: TrainPlan, device_type: str) -> None:
     """Can the attention engine run this layout's context parallel? (torch-free, before any rank)"""
     if plan.cp == 1:
         return
     from sweepbench.attention.registry import IMPLS, why_not
 
-    impl = str(cfg.benchmark.cp_impl)
+    impl = job.knobs.cp_impl
     if impl not in IMPLS or IMPLS[impl].context:
         usable = ", ".join(name for name, spec in IMPLS.items() if not spec.context)
         needs = ", ".join(name for name, spec in IMPLS.items() if spec.context)
@@ -63,7 +64,9 @@ def check_cp(cfg: Any, plan: TrainPlan, device_type: str) -> None:
             f"benchmark.cp_impl={impl!r} cannot train here; valid: {usable} "
             f"({needs} needs a context around forward and backward the train engine does not open)"
         )
-    case = dict(world_size=plan.cp, num_heads=int(cfg.model.num_heads) // plan.tp, pattern="dense", causal=True)
+    case: dict[str, Any] = dict(
+        world_size=plan.cp, num_heads=job.model.num_heads // plan.tp, pattern="dense", causal=True
+    )
     for ignore_device, error in ((True, ValueError), (False, NotOnThisMachine)):
         reason = why_not(impl, device_type=device_type, ignore_device=ignore_device, **case)
         if reason:

@@ -2,7 +2,8 @@
 refuse what the engine cannot run: one line naming the bad value and what would be valid.
 
 The driver calls :func:`check_plan` before any rank starts; every rank builds the same
-:class:`TrainPlan`, so batch sizes, micro-batch counts and precision are decided in one place."""
+:class:`TrainPlan`, so batch sizes, micro-batch counts and precision are decided in one place.
+Each reads the job's typed config (``train.config.TrainJob``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
+from sweepbench.train.config import TrainJob, TrainKnobs
 from sweepbench.train.pipeline import schedule_names, schedule_spec
 from sweepbench.train.shape import Shape, bytes_per_param
 
@@ -68,20 +70,19 @@ def resolve_precision(precision: str, model_dtype: str) -> str:
     return "fp32" if model_dtype == "float32" else "bf16"
 
 
-def build_plan(cfg: Any) -> TrainPlan:
-    b, p = cfg.benchmark, cfg.parallelism
-    pp = int(p.pp)
-    default_batch = int(b.micro_batch) * int(p.dp) * (pp if pp > 1 else 1)
+def build_plan(job: TrainJob) -> TrainPlan:
+    k, pp = job.knobs, job.pp
+    default_batch = k.micro_batch * job.dp * (pp if pp > 1 else 1)
     return TrainPlan(
-        tp=int(p.tp),
+        tp=job.tp,
         pp=pp,
-        dp=int(p.dp),
-        cp=int(p.cp),
-        seq_len=int(b.seq_len),
-        micro_batch=int(b.micro_batch),
-        global_batch=int(b.global_batch) or default_batch,
-        precision=resolve_precision(str(b.precision), str(cfg.model.dtype)),
-        stages_per_rank=schedule_spec(str(b.pp_schedule)).stages_per_rank if pp > 1 else 1,
+        dp=job.dp,
+        cp=job.cp,
+        seq_len=k.seq_len,
+        micro_batch=k.micro_batch,
+        global_batch=k.global_batch or default_batch,
+        precision=resolve_precision(k.precision, job.model.dtype),
+        stages_per_rank=schedule_spec(k.pp_schedule).stages_per_rank if pp > 1 else 1,
     )
 
 
@@ -145,14 +146,14 @@ def layout_bytes(shape: Shape, plan: TrainPlan, *, lora_rank: int, dp_shard: str
     return states // split + acts + tokens * 8 * shape.vocab_size // plan.tp
 
 
-def rank_bytes(cfg: Any, *, device_bytes: int | None = None) -> int:
+def rank_bytes(job: TrainJob, *, device_bytes: int | None = None) -> int:
     """Peak memory of one rank of a train job: its runtime plus the larger of the single-device
     reference it runs first (then frees) and its share of the layout. The reference runs at full depth on a CPU, and
     on a GPU (``device_bytes``) where it fits ``FIT_FRACTION`` of it, else at 2 layers (a
     multiple of the pipeline's stages)."""
-    plan, shape = build_plan(cfg), Shape.of(cfg.model)
-    b = cfg.benchmark
-    lora = int(b.lora_rank)
+    plan, shape = build_plan(job), Shape.of(job.model)
+    k = job.knobs
+    lora = k.lora_rank
     single = TrainPlan(
         tp=1,
         pp=1,
@@ -164,15 +165,15 @@ def rank_bytes(cfg: Any, *, device_bytes: int | None = None) -> int:
         precision=plan.precision,
         stages_per_rank=1,
     )
-    depth = int(b.verify_layers) or shape.num_layers
+    depth = k.verify_layers or shape.num_layers
     if (
-        not int(b.verify_layers)
+        not k.verify_layers
         and device_bytes
         and reference_bytes(shape, single, lora_rank=lora) > FIT_FRACTION * device_bytes
     ):
         depth = plan.num_stages * -(-2 // plan.num_stages)
-    reference = reference_bytes(Shape.of(cfg.model, num_layers=depth), single, lora_rank=lora)
-    layout = layout_bytes(shape, plan, lora_rank=lora, dp_shard=str(b.dp_shard), ac=str(b.ac))
+    reference = reference_bytes(Shape.of(job.model, num_layers=depth), single, lora_rank=lora)
+    layout = layout_bytes(shape, plan, lora_rank=lora, dp_shard=k.dp_shard, ac=k.ac)
     return RANK_RUNTIME_BYTES + max(reference, layout)
 
 
@@ -181,51 +182,51 @@ def _choice(key: str, value: Any, valid: Any) -> None:
         raise ValueError(f"benchmark.{key}={value!r} is not valid; choose one of {', '.join(valid)}")
 
 
-def _check_options(b: Any) -> None:
-    _choice("ac", b.ac, AC_MODES)
-    _choice("precision", b.precision, PRECISIONS)
-    _choice("dp_shard", b.dp_shard, DP_SHARDS)
-    _choice("pp_schedule", b.pp_schedule, schedule_names())
-    _choice("fp8_recipe", b.fp8_recipe, FP8_RECIPES)
+def _check_options(k: TrainKnobs) -> None:
+    _choice("ac", k.ac, AC_MODES)
+    _choice("precision", k.precision, PRECISIONS)
+    _choice("dp_shard", k.dp_shard, DP_SHARDS)
+    _choice("pp_schedule", k.pp_schedule, schedule_names())
+    _choice("fp8_recipe", k.fp8_recipe, FP8_RECIPES)
     for key in ("seq_len", "micro_batch", "verify_steps", "profile_active"):
-        if int(b[key]) < 1:
-            raise ValueError(f"benchmark.{key}={b[key]} must be a positive integer")
+        if getattr(k, key) < 1:
+            raise ValueError(f"benchmark.{key}={getattr(k, key)} must be a positive integer")
     for key in ("global_batch", "lora_rank", "profile_skip", "profile_warmup", "verify_layers"):
-        if int(b[key]) < 0:
-            raise ValueError(f"benchmark.{key}={b[key]} must be >= 0")
+        if getattr(k, key) < 0:
+            raise ValueError(f"benchmark.{key}={getattr(k, key)} must be >= 0")
     for key in ("lr", "lora_lr_scale", "lora_alpha"):
-        if not b[key] > 0:
-            raise ValueError(f"benchmark.{key}={b[key]} must be > 0")
+        if not getattr(k, key) > 0:
+            raise ValueError(f"benchmark.{key}={getattr(k, key)} must be > 0")
 
 
-def _check_layout(cfg: Any, plan: TrainPlan) -> None:
-    model, b, p = cfg.model, cfg.benchmark, cfg.parallelism
-    if p.ep > 1 or model.num_experts:
+def _check_layout(job: TrainJob, plan: TrainPlan) -> None:
+    model, k = job.model, job.knobs
+    if job.ep > 1 or model.num_experts:
         raise ValueError(
-            f"benchmark=train does not train expert-parallel or MoE models (parallelism.ep={p.ep}, "
+            f"benchmark=train does not train expert-parallel or MoE models (parallelism.ep={job.ep}, "
             f"model={model.name}); use a dense model with ep=1: {COMPOSES}"
         )
-    if b.dp_shard == "ddp" and (plan.tp > 1 or plan.pp > 1):
+    if k.dp_shard == "ddp" and (plan.tp > 1 or plan.pp > 1):
         raise ValueError(
-            f"benchmark.dp_shard=ddp with parallelism={p.name} (tp={plan.tp}, pp={plan.pp}) "
+            f"benchmark.dp_shard=ddp with parallelism={job.layout} (tp={plan.tp}, pp={plan.pp}) "
             f"cannot be composed: {COMPOSES}; use benchmark.dp_shard=fsdp"
         )
-    if b.lora_rank and plan.tp > 1:
+    if k.lora_rank and plan.tp > 1:
         raise ValueError(
-            f"benchmark.lora_rank={b.lora_rank} with parallelism.tp={plan.tp} cannot be composed: "
+            f"benchmark.lora_rank={k.lora_rank} with parallelism.tp={plan.tp} cannot be composed: "
             f"LoRA adapters train with dp, pp and cp layouts; use tp=1 or lora_rank=0"
         )
     stages = plan.num_stages
     if model.num_layers % stages:
         raise ValueError(
             f"model.num_layers={model.num_layers} is not divisible into {stages} pipeline stages "
-            f"(pp={plan.pp} x {plan.stages_per_rank} per rank for {b.pp_schedule}); "
+            f"(pp={plan.pp} x {plan.stages_per_rank} per rank for {k.pp_schedule}); "
             f"valid pp: divisors of {model.num_layers // plan.stages_per_rank}"
         )
 
 
-def _check_sizes(cfg: Any, plan: TrainPlan) -> None:
-    model, b = cfg.model, cfg.benchmark
+def _check_sizes(job: TrainJob, plan: TrainPlan) -> None:
+    model, k = job.model, job.knobs
     unit = plan.tp * 2 * plan.cp
     if plan.seq_len % unit:
         raise ValueError(
@@ -245,20 +246,19 @@ def _check_sizes(cfg: Any, plan: TrainPlan) -> None:
         )
     shape = Shape.of(model)
     smallest = min(shape.hidden_size, shape.kv_dim)
-    if b.lora_rank > smallest:
+    if k.lora_rank > smallest:
         raise ValueError(
-            f"benchmark.lora_rank={b.lora_rank} is larger than the smallest attention projection "
+            f"benchmark.lora_rank={k.lora_rank} is larger than the smallest attention projection "
             f"of model={model.name} ({smallest}); valid: 0 (full fine-tune) to {smallest}"
         )
 
 
-def _check_recipe(cfg: Any, plan: TrainPlan) -> None:
+def _check_recipe(k: TrainKnobs, plan: TrainPlan) -> None:
     """Sequence parallel, async TP, fp8 and the zero-bubble schedules: what each needs of the rest."""
-    b = cfg.benchmark
-    if b.async_tp and not (plan.tp > 1 and b.tp_sp and b.compile):
+    if k.async_tp and not (plan.tp > 1 and k.tp_sp and k.compile):
         raise ValueError(
             f"benchmark.async_tp=true needs parallelism.tp > 1 (got {plan.tp}), benchmark.tp_sp=true "
-            f"(got {b.tp_sp}) and benchmark.compile=true (got {b.compile}): inductor overlaps the "
+            f"(got {k.tp_sp}) and benchmark.compile=true (got {k.compile}): inductor overlaps the "
             f"sequence-parallel all-gathers and reduce-scatters with the matmuls it compiles"
         )
     if plan.precision == "fp8" and plan.tp > 1:
@@ -266,30 +266,29 @@ def _check_recipe(cfg: Any, plan: TrainPlan) -> None:
             f"benchmark.precision=fp8 with parallelism.tp={plan.tp} cannot be composed: fp8 trains with "
             f"dp, pp and cp layouts; use tp=1, or precision=bf16 with tp"
         )
-    if plan.precision == "fp8" and b.lora_rank:
+    if plan.precision == "fp8" and k.lora_rank:
         raise ValueError(
-            f"benchmark.precision=fp8 with benchmark.lora_rank={b.lora_rank} cannot be composed: fp8 "
+            f"benchmark.precision=fp8 with benchmark.lora_rank={k.lora_rank} cannot be composed: fp8 "
             f"trains full fine-tunes; use lora_rank=0, or precision=bf16 with LoRA"
         )
-    if plan.pp > 1 and b.ac == "selective" and schedule_spec(str(b.pp_schedule)).zero_bubble:
+    if plan.pp > 1 and k.ac == "selective" and schedule_spec(k.pp_schedule).zero_bubble:
         raise ValueError(
-            f"benchmark.pp_schedule={b.pp_schedule} with benchmark.ac=selective cannot run: the "
+            f"benchmark.pp_schedule={k.pp_schedule} with benchmark.ac=selective cannot run: the "
             f"zero-bubble schedules run two backward passes (input, then weight gradients) through "
             f"each block, which selective checkpointing allows once; use ac=full or ac=none"
         )
-    if plan.pp > 1 and b.compile and not schedule_spec(str(b.pp_schedule)).compiles:
+    if plan.pp > 1 and k.compile and not schedule_spec(k.pp_schedule).compiles:
         raise ValueError(
-            f"benchmark.pp_schedule={b.pp_schedule} with benchmark.compile=true cannot run: the "
+            f"benchmark.pp_schedule={k.pp_schedule} with benchmark.compile=true cannot run: the "
             f"zero-bubble schedules split each backward in two, which torch does not do through a "
             f"compiled block; use compile=false, or pp_schedule="
             + ", ".join(n for n in schedule_names() if schedule_spec(n).compiles)
         )
 
 
-def check_device(cfg: Any, plan: TrainPlan, device_type: str) -> str | None:
+def check_device(job: TrainJob, plan: TrainPlan, device_type: str) -> str | None:
     """Why this job cannot run on ``device_type`` (torch-free, before any rank), or None."""
-    b = cfg.benchmark
-    if b.async_tp and device_type != "cuda":
+    if job.knobs.async_tp and device_type != "cuda":
         return (
             f"benchmark.async_tp=true needs CUDA GPUs (symmetric memory and inductor's micro-pipelined TP); "
             f"this job would run on {device_type}: use async_tp=false here"
@@ -304,11 +303,11 @@ def check_device(cfg: Any, plan: TrainPlan, device_type: str) -> str | None:
     return None
 
 
-def check_plan(cfg: Any) -> TrainPlan:
+def check_plan(job: TrainJob) -> TrainPlan:
     """Every check of a train job's config; returns the plan."""
-    _check_options(cfg.benchmark)
-    plan = build_plan(cfg)
-    _check_layout(cfg, plan)
-    _check_sizes(cfg, plan)
-    _check_recipe(cfg, plan)
+    _check_options(job.knobs)
+    plan = build_plan(job)
+    _check_layout(job, plan)
+    _check_sizes(job, plan)
+    _check_recipe(job.knobs, plan)
     return plan

@@ -3,7 +3,7 @@
     ceiling -> reference vs layout (first steps) -> warm-up -> timed steps -> learning check
             -> memory, MFU -> (profile window) -> TensorBoard scalars
 
-Every rank runs this with the same config; the returned dict is rank 0's report."""
+Every rank runs this with the same config (``train.config.TrainJob``); the returned dict is rank 0's report."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import torch
 
 from sweepbench.measure import summarize, time_iterations
 from sweepbench.measure.progress import case_done
+from sweepbench.train.config import TrainJob, TrainKnobs
 from sweepbench.train.context import ContextParallel, build_context_parallel
 from sweepbench.train.data import SyntheticTask
 from sweepbench.train.impls import IMPLS
@@ -44,27 +45,26 @@ from sweepbench.train.verify import (
 from sweepbench.core import VerificationError
 
 
-def options_of(b: Any) -> TrainOptions:
-    lr = float(b.lr) * (float(b.lora_lr_scale) if int(b.lora_rank) else 1.0)
+def options_of(k: TrainKnobs) -> TrainOptions:
     return TrainOptions(
-        ac=str(b.ac),
-        compile=bool(b.compile),
-        fused_adamw=bool(b.fused_adamw),
-        lr=lr,
-        lora_rank=int(b.lora_rank),
-        lora_alpha=float(b.lora_alpha),
-        dp_shard=str(b.dp_shard),
-        pp_schedule=str(b.pp_schedule),
-        cp_impl=str(b.cp_impl),
-        seed=int(b.seed),
-        tp_sp=bool(b.tp_sp),
-        async_tp=bool(b.async_tp),
-        fp8_recipe=str(b.fp8_recipe),
-        impl=str(b.impl),
-        quant=str(b.quant),
-        fused=str(b.fused),
-        padding_free=bool(b.padding_free),
-        documents=bool(b.documents),
+        ac=k.ac,
+        compile=k.compile,
+        fused_adamw=k.fused_adamw,
+        lr=k.lr * (k.lora_lr_scale if k.lora_rank else 1.0),
+        lora_rank=k.lora_rank,
+        lora_alpha=k.lora_alpha,
+        dp_shard=k.dp_shard,
+        pp_schedule=k.pp_schedule,
+        cp_impl=k.cp_impl,
+        seed=k.seed,
+        tp_sp=k.tp_sp,
+        async_tp=k.async_tp,
+        fp8_recipe=k.fp8_recipe,
+        impl=k.impl,
+        quant=k.quant,
+        fused=k.fused,
+        padding_free=k.padding_free,
+        documents=k.documents,
     )
 
 
@@ -93,10 +93,10 @@ class Batches:
         return self._cache[step]
 
 
-def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | None) -> dict[str, Any]:
-    b = cfg.benchmark
-    plan, opts = build_plan(cfg), options_of(b)
-    shape = Shape.of(cfg.model)
+def run_training(job: TrainJob, *, rank: int, device: torch.device, job_dir: Path | None) -> dict[str, Any]:
+    k = job.knobs
+    plan, opts = build_plan(job), options_of(k)
+    shape = Shape.of(job.model)
     nvml = NvmlSampler(device)  # the starting level, before the job allocates anything
     host = HostSampler(device)  # on a CPU: the anonymous memory the job adds, from here on
     ceiling = matmul_ceiling(device, DTYPES[plan.precision], fp8=plan.precision == "fp8")
@@ -116,8 +116,8 @@ def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | N
     )
 
     # verified before any time counts
-    depth = verify_depth(shape, plan, device=device, lora_rank=opts.lora_rank, forced=int(b.verify_layers))
-    vshape = Shape.of(cfg.model, num_layers=depth)
+    depth = verify_depth(shape, plan, device=device, lora_rank=opts.lora_rank, forced=k.verify_layers)
+    vshape = Shape.of(job.model, num_layers=depth)
     single = TrainPlan(
         tp=1,
         pp=1,
@@ -130,14 +130,12 @@ def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | N
         stages_per_rank=1,
     )
     reference = run_reference(
-        lambda: build_reference(vshape, single, opts, device=device, batches=batches), batches.full, int(b.verify_steps)
+        lambda: build_reference(vshape, single, opts, device=device, batches=batches), batches.full, k.verify_steps
     )
     trainer = IMPLS.get(opts.impl)(vshape, plan, opts, **layout_kw)
-    verified = global_losses(
-        [trainer.step(*batches(s)) for s in range(int(b.verify_steps))], holds_loss=trainer.holds_loss
-    )
+    verified = global_losses([trainer.step(*batches(s)) for s in range(k.verify_steps)], holds_loss=trainer.holds_loss)
     worst = check_losses(reference, verified, precision=plan.precision)
-    losses, step_no = list(verified), int(b.verify_steps)
+    losses, step_no = list(verified), k.verify_steps
     case_done(f"{len(verified)} steps verified at {depth} layers (max rel err {worst:.2g})", total=2)
     if depth != shape.num_layers:  # verified at reduced depth: now the full model, from step 0
         del trainer
@@ -153,20 +151,20 @@ def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | N
     def step() -> None:
         local.append(trainer.step(*batches(next(counter))))
 
-    for s in range(step_no, step_no + int(b.warmup) + int(b.iters)):
+    for s in range(step_no, step_no + job.warmup + job.iters):
         batches(s)  # made before timing
     reset_torch_peaks(device)
     nvml.resume()
     times = time_iterations(
         step,
-        warmup=int(b.warmup),
-        iters=int(b.iters),
+        warmup=job.warmup,
+        iters=job.iters,
         device=device,
         after=lambda: mem_per_step.append(current_bytes(device) / GIB),
     )
     nvml.pause()
     stats = summarize(times)
-    case_done(f"{int(b.iters)} steps timed: median {stats['median_s']:.3g} s", total=2)
+    case_done(f"{job.iters} steps timed: median {stats['median_s']:.3g} s", total=2)
     losses += global_losses(local, holds_loss=trainer.holds_loss)
     first_loss, last_loss = check_learning(losses)
     memory = {
@@ -178,7 +176,7 @@ def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | N
     }
 
     # derived rates
-    step_tokens = tokens_per_step(plan, task, range(step_no + int(b.warmup), step_no + int(b.warmup) + int(b.iters)))
+    step_tokens = tokens_per_step(plan, task, range(step_no + job.warmup, step_no + job.warmup + job.iters))
     tokens_per_s = step_tokens / stats["median_s"]
     fpt = flops_per_token(shape, plan.seq_len, lora_rank=opts.lora_rank)
     achieved = tokens_per_s * fpt / plan.world_size  # model FLOP/s per device
@@ -190,16 +188,16 @@ def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | N
         )
     out = job_dir or Path.cwd()
     files: dict[str, Any] = {}
-    if b.profile:
+    if k.profile:
         files = profile_window(
             step,
             out_dir=out,
             rank=rank,
-            skip=int(b.profile_skip),
-            warmup=int(b.profile_warmup),
-            active=int(b.profile_active),
+            skip=k.profile_skip,
+            warmup=k.profile_warmup,
+            active=k.profile_active,
             device=device,
-            memory_snapshot=bool(b.memory_snapshot),
+            memory_snapshot=k.memory_snapshot,
         )
         files["tensorboard"] = write_scalars(
             out,
@@ -207,8 +205,8 @@ def run_training(cfg: Any, *, rank: int, device: torch.device, job_dir: Path | N
             series={
                 "loss": (0, losses),
                 "memory_gib": (step_no, mem_per_step),
-                "step_time_s": (step_no + int(b.warmup), times),
-                "tokens_per_s": (step_no + int(b.warmup), [plan.tokens_per_step / t for t in times]),
+                "step_time_s": (step_no + job.warmup, times),
+                "tokens_per_s": (step_no + job.warmup, [plan.tokens_per_step / t for t in times]),
             },
         )
     return {

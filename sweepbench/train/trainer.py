@@ -30,7 +30,8 @@ DTYPES = {"fp32": torch.float32, "mixed": torch.float32, "bf16": torch.bfloat16,
 
 @dataclass(frozen=True)
 class TrainOptions:
-    """Recipe knobs (see conf/benchmark/train.yaml)."""
+    """The recipe's knobs as the trainer takes them (``run.options_of``: from ``config.TrainKnobs``,
+    where each is described; ``lr`` here is the effective one, scaled for LoRA adapters)."""
 
     ac: str = "none"
     compile: bool = False

@@ -248,7 +248,7 @@ def test_train_memory_estimate_within_30_percent_of_the_cpu_peak(tmp_path: Path)
     """A 41M-parameter model (AdamW states of ~600 MiB) on 2 CPU ranks, DDP (the whole model per
     rank, and its gradient buckets) and FSDP (half each, after the whole single-device reference):
     each rank's peak anonymous memory against the estimate the fit check uses."""
-    from sweepbench.benchmarks.train import TrainBenchmark
+    from sweepbench.benchmarks.train import TrainBenchmark, build_job
     from sweepbench.train.plan import layout_bytes, build_plan
     from sweepbench.train.shape import Shape
 
@@ -260,7 +260,7 @@ def test_train_memory_estimate_within_30_percent_of_the_cpu_peak(tmp_path: Path)
         estimate = TrainBenchmark.memory_bytes(cfg, metrics["world_size"])
         peaks = [r["host_peak_anon_bytes"] for r in metrics["results"]["memory_per_rank"]]
         assert len(peaks) == 2 and all(0.7 * estimate <= p <= 1.3 * estimate for p in peaks), (estimate, peaks)
-        plan, shape = build_plan(cfg), Shape.of(cfg.model)
+        plan, shape = build_plan(build_job(cfg)), Shape.of(cfg.model)
         seen[cfg.benchmark.dp_shard] = layout_bytes(shape, plan, lora_rank=0, dp_shard=cfg.benchmark.dp_shard,
                                                     ac="none")
     assert seen["ddp"] > 2 * seen["fsdp"]  # DDP's rank holds the whole model (and a copy of its gradients)
