@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-from sweepbench.parallel.registry import Registry
+from sweepbench.core import Registry
 
 IMPLS: Registry[type] = Registry("train implementation")
 IMPLS.declare("ours", "sweepbench.train.trainer")
@@ -79,8 +79,7 @@ def check_impl(impl: str, *, tp: int, pp: int, cp: int, ac: str, precision: str,
     (``knobs``: name -> value, those set away from their default) it lacks."""
     if impl in NOT_WIRED:
         raise ValueError(NOT_WIRED[impl])
-    if impl not in IMPLS:
-        raise ValueError(f"benchmark.impl={impl!r} is not valid; choose one of {', '.join(IMPLS.names())}")
+    IMPLS.check(impl, key="benchmark.impl")
     spec = PEERS.get(impl)
     if spec is None:
         return

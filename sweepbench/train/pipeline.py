@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sweepbench.core import Registry
+
 
 @dataclass(frozen=True)
 class ScheduleSpec:
@@ -31,32 +33,24 @@ class ScheduleSpec:
     zero_bubble: bool = False  # splits backward into input and weight gradients (no closed-form bubble)
 
 
-_SCHEDULES: dict[str, ScheduleSpec] = {}
-
-
-def register(name: str, spec: ScheduleSpec) -> None:
-    if name in _SCHEDULES:
-        raise ValueError(f"pipeline schedule {name!r} registered twice")
-    _SCHEDULES[name] = spec
-
-
-register("gpipe", ScheduleSpec("ScheduleGPipe", 1))
-register("1f1b", ScheduleSpec("Schedule1F1B", 1))
-register("interleaved_1f1b", ScheduleSpec("ScheduleInterleaved1F1B", 2, runtime=True))
-register(
+SCHEDULES: Registry[ScheduleSpec] = Registry("pipeline schedule", ordered=True)
+SCHEDULES.add("gpipe", ScheduleSpec("ScheduleGPipe", 1))
+SCHEDULES.add("1f1b", ScheduleSpec("Schedule1F1B", 1))
+SCHEDULES.add("interleaved_1f1b", ScheduleSpec("ScheduleInterleaved1F1B", 2, runtime=True))
+SCHEDULES.add(
     "interleaved_zb", ScheduleSpec("ScheduleInterleavedZeroBubble", 2, compiles=False, runtime=True, zero_bubble=True)
 )
-register("zbv", ScheduleSpec("ScheduleZBVZeroBubble", 2, style="v", compiles=False, runtime=True, zero_bubble=True))
+SCHEDULES.add(
+    "zbv", ScheduleSpec("ScheduleZBVZeroBubble", 2, style="v", compiles=False, runtime=True, zero_bubble=True)
+)
 
 
 def schedule_names() -> tuple[str, ...]:
-    return tuple(_SCHEDULES)
+    return SCHEDULES.names()
 
 
 def schedule_spec(name: str) -> ScheduleSpec:
-    if name not in _SCHEDULES:
-        raise ValueError(f"benchmark.pp_schedule={name!r} is not valid; choose one of {', '.join(_SCHEDULES)}")
-    return _SCHEDULES[name]
+    return SCHEDULES.get(name, key="benchmark.pp_schedule")
 
 
 def stage_ids(name: str, *, pp_rank: int, pp: int) -> list[int]:

@@ -8,17 +8,24 @@ many real tokens a step trains."""
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
+from sweepbench.core import Registry
 from sweepbench.train.impls import IMPLS, PEERS, check_impl
 
-# knob value -> the module whose ``apply(model, value)`` changes a freshly initialised model (None: nothing)
-QUANTS = {"none": None, "nf4": "sweepbench.train.quant"}  # nf4: bitsandbytes 4-bit NormalFloat base (QLoRA)
-REFERENCE_QUANTS = {"nf4_dense": "sweepbench.train.quant"}  # the same weights rounded through NF4, kept dense
-FUSED = {"none": None, "liger": "sweepbench.train.fused"}  # liger-kernel: RMSNorm, SwiGLU, RoPE, fused linear CE
+# knob value -> ``apply(model, value)``, which changes a freshly initialised model (None: nothing)
+Apply = Callable[[Any, str], None] | None
+QUANTS: Registry[Apply] = Registry("quantization", ordered=True)
+QUANTS.add("none", None)
+QUANTS.declare("nf4", "sweepbench.train.quant:apply")  # bitsandbytes 4-bit NormalFloat base (QLoRA)
+# the reference's (not a choice of benchmark.quant): the same weights rounded through NF4, kept dense
+REFERENCE_QUANTS: Registry[Apply] = Registry("reference quantization")
+REFERENCE_QUANTS.declare("nf4_dense", "sweepbench.train.quant:apply")
+FUSED: Registry[Apply] = Registry("fused kernels", ordered=True)
+FUSED.add("none", None)
+FUSED.declare("liger", "sweepbench.train.fused:apply")  # liger-kernel: RMSNorm, SwiGLU, RoPE, fused linear CE
 # knob -> its default (a peer implementation is refused a knob set away from it)
 DEFAULTS = {"quant": "none", "fused": "none", "padding_free": False}
 EXTRA = 'pip install "sweepbench[fms]"'
@@ -36,10 +43,8 @@ def check_recipe(cfg: Any, plan: Any) -> None:
     b = cfg.benchmark
     knobs = {k: b[k] for k, default in DEFAULTS.items() if b[k] != default}
     check_impl(str(b.impl), tp=plan.tp, pp=plan.pp, cp=plan.cp, ac=str(b.ac), precision=plan.precision, knobs=knobs)
-    if b.quant not in QUANTS:
-        raise ValueError(f"benchmark.quant={b.quant!r} is not valid; choose one of {', '.join(QUANTS)}")
-    if b.fused not in FUSED:
-        raise ValueError(f"benchmark.fused={b.fused!r} is not valid; choose one of {', '.join(FUSED)}")
+    QUANTS.check(b.quant, key="benchmark.quant")
+    FUSED.check(b.fused, key="benchmark.fused")
     if b.quant != "none":
         if not int(b.lora_rank):
             raise ValueError(
@@ -95,9 +100,10 @@ def reference_options(opts: Any) -> Any:
 
 def apply_recipe(model: Any, opts: Any, *, device: Any) -> None:
     """Quantize, fuse and pack ``model`` (a whole or pipeline-stage Transformer) as ``opts`` say."""
-    for module, value in (({**QUANTS, **REFERENCE_QUANTS}[opts.quant], opts.quant), (FUSED[opts.fused], opts.fused)):
-        if module is not None:
-            importlib.import_module(module).apply(model, value)
+    quant = (REFERENCE_QUANTS if opts.quant in REFERENCE_QUANTS else QUANTS).get(opts.quant)
+    for apply, value in ((quant, opts.quant), (FUSED.get(opts.fused), opts.fused)):
+        if apply is not None:
+            apply(model, value)
     if opts.padding_free:
         from sweepbench.train.packing import apply_padding_free, kernel_name
 

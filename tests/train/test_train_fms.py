@@ -132,7 +132,7 @@ def test_packed_attention_that_crosses_documents_is_caught() -> None:
 
 BASE = ["benchmark=train", "model=tiny", "backend=gloo", "parallelism=tp1"]
 BAD = {
-    "impl": (["benchmark.impl=nope"], "benchmark.impl='nope' is not valid; choose one of hf, ours"),
+    "impl": (["benchmark.impl=nope"], "benchmark.impl='nope'; valid: hf, ours"),
     "hf_tp": (["benchmark.impl=hf", "parallelism=tp2"], "benchmark.impl=hf with parallelism tp=2 pp=1 cp=1"),
     "hf_quant": (["benchmark.impl=hf", "benchmark.lora_rank=8", "benchmark.quant=nf4"],
                  "benchmark.quant=nf4 with benchmark.impl=hf"),
@@ -143,7 +143,7 @@ BAD = {
     "quant_full": (["benchmark.quant=nf4"], "benchmark.quant=nf4 needs LoRA (benchmark.lora_rank > 0, got 0)"),
     "quant_fsdp": (["benchmark.quant=nf4", "benchmark.lora_rank=8", "parallelism=dp2"],
                    "benchmark.quant=nf4 with benchmark.dp_shard=fsdp cannot be composed"),
-    "quant_name": (["benchmark.quant=int3"], "benchmark.quant='int3' is not valid; choose one of none, nf4"),
+    "quant_name": (["benchmark.quant=int3"], "benchmark.quant='int3'; valid: none, nf4"),
     "fused_pp": (["benchmark.fused=liger", "parallelism=pp2", "benchmark.global_batch=2"],
                  "benchmark.fused=liger with parallelism tp=1 pp=2 cp=1"),
     "packed_cp": (["benchmark.padding_free=true", "parallelism=cp2"],
