@@ -30,7 +30,6 @@ _EXPORTS = {
     ),
     **dict.fromkeys(("DeviceMesh", "MeshPlacement", "parse_spec", "spec_str", "tensor_layout"), "mesh"),
     **dict.fromkeys(("BALANCE", "Plan", "Route", "check_plan", "make_plan"), "plan"),
-    "Registry": "registry",
     "RULES": "rules",
     **dict.fromkeys(
         ("DTYPES", "ModelShape", "ParamSpec", "dtype_name", "model_param_specs", "torch_dtype", "total_bytes"), "specs"

@@ -13,7 +13,7 @@ import importlib.util
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from .registry import Registry
+from sweepbench.core import Registry
 
 
 class Transfer(Protocol):
@@ -77,8 +77,7 @@ def missing(impl: str) -> str | None:
 def check_impl(impl: str, train: Degrees, infer: Degrees) -> None:
     """ValueError (one line) for an unknown implementation, one whose extra is not installed, or
     layouts it cannot refit."""
-    if impl not in IMPLS:
-        raise ValueError(f"benchmark.impl={impl!r}; valid: {', '.join(IMPLS.names())}")
+    IMPLS.check(impl, key="benchmark.impl")
     check = LAYOUT_CHECKS.get(impl)
     why = missing(impl) or (check(train, infer) if check else None)
     if why:

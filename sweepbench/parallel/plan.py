@@ -23,9 +23,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from sweepbench.core import Registry
+
 from .boxes import Box, Piece, box_numel, intersect
 from .layout import Layout
-from .registry import Registry
 
 
 @dataclass(frozen=True)

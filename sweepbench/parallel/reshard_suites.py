@@ -19,7 +19,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from sweepbench.parallel import DeviceMesh, Layout, Registry, parse_spec, tensor_layout
+from sweepbench.core import Registry
+from sweepbench.parallel import DeviceMesh, Layout, parse_spec, tensor_layout
 from sweepbench.parallel.specs import DTYPES, dtype_name
 
 _MESH = r"[1-9][0-9]*(?:x[1-9][0-9]*)*"
@@ -195,8 +196,7 @@ class ResolvedCase:
 def suite_cases(b: Any) -> list[ResolvedCase]:
     """The suite's cases with their shapes and layouts, checked (ValueError naming the bad value)
     and listed once each: a case that lays the tensor out exactly as an earlier one is dropped."""
-    if b.suite not in SUITES:
-        raise ValueError(f"benchmark.suite={b.suite!r}; valid: {', '.join(SUITES.names())}")
+    SUITES.check(b.suite, key="benchmark.suite")
     if b.dtype not in DTYPES:
         raise ValueError(f"benchmark.dtype={b.dtype!r}; valid: {', '.join(DTYPES)}")
     if b.tensor_bytes < 1:

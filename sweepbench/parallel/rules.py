@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from sweepbench.core import Registry
+
 from .boxes import DimSplit
-from .registry import Registry
 from .specs import ParamSpec
 
 AxisPos = Mapping[str, tuple[int, int]]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .registry import Registry
+from sweepbench.core import Registry
+
 
 if TYPE_CHECKING:
     from .comm import Executor

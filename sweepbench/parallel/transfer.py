@@ -55,8 +55,7 @@ def check_transfer_options(b: Any, *, backend: str) -> None:
             f"benchmark.strategy={b.strategy!r}; valid: {', '.join(valid)} "
             f"(the nvshmem transport is chosen with backend=nvshmem)"
         )
-    if b.balance not in BALANCE:
-        raise ValueError(f"benchmark.balance={b.balance!r}; valid: {', '.join(BALANCE)}")
+    BALANCE.check(b.balance, key="benchmark.balance")
     if b.bucket_bytes < 1:
         raise ValueError(f"benchmark.bucket_bytes={b.bucket_bytes} must be >= 1")
     resolved = resolve_backend(backend)

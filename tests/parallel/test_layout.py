@@ -11,13 +11,13 @@ from sweepbench.parallel import (
     RULES,
     STRATEGIES,
     DeviceMesh,
-    Registry,
     model_layout,
     model_param_specs,
     parse_spec,
     spec_str,
     tensor_layout,
 )
+from sweepbench.core import Registry
 from sweepbench.parallel.boxes import box_numel, intersect
 
 from .cases import DENSE, MOE
