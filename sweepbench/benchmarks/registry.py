@@ -7,16 +7,15 @@ import pkgutil
 from typing import Callable, TypeVar
 
 from sweepbench.config.store import store_benchmark_schema
+from sweepbench.core import Registry
 
-_BENCHMARKS: dict[str, type] = {}
+_BENCHMARKS: Registry[type] = Registry("benchmark")
 B = TypeVar("B", bound=type)
 
 
 def register(name: str) -> Callable[[B], B]:
     def wrap(cls: B) -> B:
-        if name in _BENCHMARKS:
-            raise ValueError(f"benchmark {name!r} registered twice")
-        _BENCHMARKS[name] = cls
+        _BENCHMARKS.add(name, cls)
         store_benchmark_schema(name, cls.schema)  # type: ignore[attr-defined]
         return cls
 
@@ -25,14 +24,12 @@ def register(name: str) -> Callable[[B], B]:
 
 def get_benchmark(name: str) -> type:
     load_all()
-    if name not in _BENCHMARKS:
-        raise ValueError(f"unknown benchmark {name!r}; valid: {', '.join(sorted(_BENCHMARKS))}")
-    return _BENCHMARKS[name]
+    return _BENCHMARKS.get(name)
 
 
 def benchmark_names() -> list[str]:
     load_all()
-    return sorted(_BENCHMARKS)
+    return list(_BENCHMARKS.names())
 
 
 _loaded = False

@@ -18,23 +18,33 @@ from typing import Callable
 
 from omegaconf import DictConfig
 
+from sweepbench.core import Registry
 
+# fault.kind -> what the rank does at start ("none": no fault)
+FAULTS: Registry[Callable[[int], None]] = Registry("fault", ordered=True)
+
+
+@FAULTS.register("raise")
 def _raise(rank: int) -> None:
     raise RuntimeError(f"injected fault: fault.kind=raise on rank {rank}")
 
 
+@FAULTS.register("exit")
 def _exit(rank: int) -> None:
     os._exit(3)
 
 
+@FAULTS.register("kill")
 def _kill(rank: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+@FAULTS.register("segfault")
 def _segfault(rank: int) -> None:
     ctypes.string_at(0)  # reads address 0: SIGSEGV
 
 
+@FAULTS.register("hang")
 def _hang(rank: int) -> None:
     while True:
         time.sleep(60)
@@ -45,25 +55,16 @@ def restart_count() -> int:
     return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
 
 
+@FAULTS.register("hang_until_requeued")
 def _hang_until_requeued(rank: int) -> None:
     if restart_count() == 0:
         print(f"injected fault: rank {rank} hangs until the job is requeued", flush=True)
         _hang(rank)
 
 
+@FAULTS.register("slow")
 def _slow(rank: int) -> None:
     """Nothing happens at start: maybe_inject_fault hands fault.factor to the timing loop."""
-
-
-FAULTS: dict[str, Callable[[int], None]] = {
-    "raise": _raise,
-    "exit": _exit,
-    "kill": _kill,
-    "segfault": _segfault,
-    "hang": _hang,
-    "hang_until_requeued": _hang_until_requeued,
-    "slow": _slow,
-}
 
 
 def check_fault_factor(cfg: DictConfig) -> None:
@@ -82,4 +83,4 @@ def maybe_inject_fault(cfg: DictConfig, rank: int) -> None:
             from sweepbench.measure.timing import slow_down
 
             slow_down(cfg.fault.factor)
-        FAULTS[cfg.fault.kind](rank)
+        FAULTS.get(cfg.fault.kind)(rank)
