@@ -71,7 +71,7 @@ def _page_derive(rows: list[dict[str, Any]], pool: list[dict[str, Any]]) -> None
     default, graph-captured against nccl-tests -G) in the same run, and the ratio to it."""
     by_case = {(r["impl"], r["run"], r["world_size"], r["op"], r["size_bytes"]): r for r in pool}
     for r in rows:
-        impl = IMPLS.get(r["impl"])
+        impl = IMPLS.get(r["impl"]) if r["impl"] in IMPLS else None  # a run's impl this install may not have
         ref = by_case.get((impl.reference, r["run"], r["world_size"], r["op"], r["size_bytes"])) if impl else None
         if ref and r.get("busbw_gbps"):
             ratio = float(r["busbw_gbps"]) / float(ref["busbw_gbps"])
