@@ -291,7 +291,7 @@ def compare_rounds(
     mb_r, mc_r = medians if medians is not None else (base, cand)
     mb, mc = float(np.median(mb_r)), float(np.median(mc_r))
     ratio = float(np.exp(c.mean() - b.mean()))
-    common = dict(
+    common: dict[str, Any] = dict(
         baseline_median_s=mb,
         candidate_median_s=mc,
         baseline_cv=cv(list(np.exp(b))),
@@ -306,7 +306,8 @@ def compare_rounds(
     if min(len(b), len(c)) < th.min_rounds:
         v = Verdict("undecided", ratio, math.nan, math.nan, math.nan, math.nan, math.nan, **common)
         return replace(v, reason=rounds_reason(v, th, p=math.nan))
-    variance, df = log_variance(base, cand)
+    variance, dof = log_variance(base, cand)
+    df = float(dof)
     if prior_variance is not None and math.isfinite(prior_variance) and th.prior_df > 0:
         variance = (th.prior_df * prior_variance + df * variance) / (th.prior_df + df)
         df = df + th.prior_df

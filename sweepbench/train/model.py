@@ -155,6 +155,7 @@ class Transformer(nn.Module):
         if self.norm is not None:
             h = self.norm(h)
         if targets is not None:  # the loss, through a fused head that never materialises the logits
+            assert self.fused_loss is not None and self.output is not None
             return self.fused_loss(self.output.weight, h, targets)
         return self.output(h) if self.output is not None else h
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -115,6 +116,7 @@ def _doc_starts(positions: torch.Tensor) -> torch.Tensor:
 def masked_sdpa(docs: Documents) -> Callable[..., torch.Tensor]:
     def attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ids = docs.doc_ids
+        assert ids is not None, "set by the forward pre-hook"
         t = ids.numel()
         causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
         mask = causal & (ids[:, None] == ids[None, :])
@@ -130,7 +132,7 @@ def varlen_flash(docs: Documents) -> Callable[..., torch.Tensor]:
 
     params = inspect.signature(varlen_attn).parameters
     # causal: torch >= 2.11 says so as a (left, right) window; earlier releases had is_causal
-    causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    causal: dict[str, Any] = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
     gqa = "enable_gqa" in params
     masked = masked_sdpa(docs)
 
@@ -139,23 +141,26 @@ def varlen_flash(docs: Documents) -> Callable[..., torch.Tensor]:
             return masked(q, k, v)
         # [1, H, T, D] -> [T, H, D]
         q1, k1, v1 = (x[0].transpose(0, 1) for x in (q, k, v))
-        extra = dict(causal)
+        extra: dict[str, Any] = dict(causal)
         if k1.shape[1] != q1.shape[1]:
             if gqa:
                 extra["enable_gqa"] = True
             else:  # K/V heads repeated for a varlen_attn without GQA
                 rep = q1.shape[1] // k1.shape[1]
                 k1, v1 = k1.repeat_interleave(rep, dim=1), v1.repeat_interleave(rep, dim=1)
+        offsets = docs.offsets
+        assert offsets is not None, "set by the forward pre-hook"
         out = varlen_attn(
             q1.contiguous(),
             k1.contiguous(),
             v1.contiguous(),
-            docs.offsets,
-            docs.offsets,
+            offsets,
+            offsets,
             docs.max_len,
             docs.max_len,
             **extra,
         )
+        assert isinstance(out, torch.Tensor)
         return out.transpose(0, 1)[None]
 
     return attn

@@ -11,6 +11,8 @@ output projection stay unquantized, as in QLoRA."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,7 +22,7 @@ from sweepbench.train.model import Attention, FeedForward, LoRALinear, Transform
 BLOCKSIZE = 64
 
 
-def quantize(weight: torch.Tensor) -> nn.Parameter:
+def quantize(weight: torch.Tensor) -> Any:
     """``weight`` as a frozen NF4 parameter (uint8 packed, with its quant state)."""
     import bitsandbytes as bnb
 
@@ -42,10 +44,13 @@ class NF4Linear(nn.Module):
 
     def __init__(self, source: nn.Module) -> None:
         super().__init__()
-        self.weight = quantize(source.weight)
-        self.out_features, self.in_features = source.weight.shape
+        weight = source.weight
+        assert isinstance(weight, torch.Tensor)
+        self.weight = quantize(weight)
+        self.out_features, self.in_features = weight.shape
         self.lora = isinstance(source, LoRALinear)
         if self.lora:
+            assert isinstance(source, LoRALinear)
             self.lora_a, self.lora_b, self.scale = source.lora_a, source.lora_b, source.scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
