@@ -30,11 +30,15 @@ import torch
 from sweepbench.attention.accum import Merged, RowSum
 from sweepbench.attention.comm import Comm, Pending
 from sweepbench.attention.ops import Block, SdpaBackend, block_grads, kv_in, rows_in, stash, unstash
+from sweepbench.core import Registry
 
 Schedule = Callable[[int, int, int, bool], list[Block]]  # (rank, src, local_len, causal)
 ALL = slice(None)
+# placement -> the blocks each ring step computes
+SCHEDULES: Registry[Schedule] = Registry("ring schedule", ordered=True)
 
 
+@SCHEDULES.register("contiguous")
 def _contiguous(rank: int, src: int, n: int, causal: bool) -> list[Block]:
     if not causal:
         return [Block(ALL, ALL, False)]
@@ -43,6 +47,7 @@ def _contiguous(rank: int, src: int, n: int, causal: bool) -> list[Block]:
     return [Block(ALL, ALL, False)] if src < rank else []  # later chunks are masked out
 
 
+@SCHEDULES.register("zigzag")
 def _zigzag(rank: int, src: int, n: int, causal: bool) -> list[Block]:
     """Rank r holds chunks (r, 2W-1-r): with its own K/V, causal over both (chunk order is kept);
     from an earlier rank, all queries see that rank's first chunk only; from a later rank, only
@@ -55,9 +60,6 @@ def _zigzag(rank: int, src: int, n: int, causal: bool) -> list[Block]:
     if src < rank:
         return [Block(ALL, slice(0, half), False)]
     return [Block(slice(half, n), ALL, False)]
-
-
-SCHEDULES: dict[str, Schedule] = {"contiguous": _contiguous, "zigzag": _zigzag}
 
 
 @dataclass(frozen=True)
