@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from typing import Any
-
-from omegaconf import DictConfig, OmegaConf
 
 AXES = ("tp", "pp", "ep", "dp", "cp")
 _TERM = re.compile(r"(tp|pp|ep|dp|cp)([1-9][0-9]*)")
@@ -41,5 +40,17 @@ def world_of(degrees: dict[str, int]) -> int:
     return math.prod(degrees.values())
 
 
-def as_node(degrees: dict[str, int], name: str) -> DictConfig:
-    return OmegaConf.create({"name": name, **degrees})
+@dataclass(frozen=True)
+class NamedLayout:
+    """A layout string's degrees, read as a parallelism config node is (``.name``, ``.tp``, ...)."""
+
+    name: str
+    tp: int
+    pp: int
+    ep: int
+    dp: int
+    cp: int
+
+
+def as_node(degrees: dict[str, int], name: str) -> NamedLayout:
+    return NamedLayout(name, **degrees)
