@@ -3,8 +3,8 @@
 
 Their configs extend hydra-submitit-launcher's ``submitit_slurm`` / ``submitit_local``, but one
 executor config per sweep does not fit jobs of different world sizes, so these launchers compute
-each job's own request (sweepbench.launch.slurm_request) and never raise for a job that died
-(sweepbench.sweep.slurm_submit). The classes subclass Hydra's core Launcher only: Hydra's plugin
+each job's own request (sweepbench.slurm.request) and never raise for a job that died
+(sweepbench.slurm.submit). The classes subclass Hydra's core Launcher only: Hydra's plugin
 scan re-executes modules under hydra_plugins, which can leave a class imported from another
 plugin module stale. No ``from __future__ import annotations`` here: the scan executes this
 module before it is in sys.modules, where dataclasses cannot resolve string annotations."""
@@ -77,13 +77,13 @@ class SweepbenchSlurmLauncher(Launcher):
         self.task_function = task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from sweepbench.sweep.slurm_submit import launch_jobs
+        from sweepbench.slurm.submit import launch_jobs
 
         return launch_jobs(self, job_overrides, initial_job_idx)
 
     def describe(self, job_overrides: Sequence[Sequence[str]]) -> None:
         """sweep.dry_run=true: print each job's request and submission script."""
-        from sweepbench.sweep.slurm_submit import describe_jobs
+        from sweepbench.slurm.submit import describe_jobs
 
         describe_jobs(self, job_overrides)
 

@@ -1,1 +1,1 @@
-"""How a job's ranks start: spawned locally by the job, or joined as SLURM tasks."""
+"""How a job's ranks start: spawned locally by the job (on SLURM they join as tasks: ``sweepbench.slurm.tasks``)."""

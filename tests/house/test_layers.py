@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS: list[tuple[str, ...]] = [
     ("sweepbench.__main__", "sweepbench.cli"),
     ("hydra_plugins.sweepbench_sweeper",),
-    ("sweepbench.sweep", "sweepbench.job"),
+    # slurm: a sweep's jobs on SLURM, submitted beside the local driver (it names jobs with
+    # sweep.tags) and run as rank tasks by job.py, so it shares the sweep's layer
+    ("sweepbench.sweep", "sweepbench.job", "sweepbench.slurm"),
     ("sweepbench.launch",),
     ("sweepbench.report",),  # above the plugins: a report calls each benchmark's hooks by its name
     ("sweepbench.benchmarks",),

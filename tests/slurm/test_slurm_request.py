@@ -14,7 +14,7 @@ import pytest
 from omegaconf import DictConfig
 
 from sweepbench.launch.preflight import validate
-from sweepbench.launch.slurm_request import job_request
+from sweepbench.slurm.request import job_request
 
 from ..conftest import run_sweepbench
 

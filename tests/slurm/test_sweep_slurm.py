@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 import pytest
 from omegaconf import DictConfig
 
-from sweepbench.launch.slurm import master_port
+from sweepbench.slurm.tasks import master_port
 
 from ..conftest import SMALL, TINY, SweepRun, planned_tag, run_sweepbench, wandb_inspect
 from .cluster import SlurmCluster

@@ -32,8 +32,8 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig
 
-from sweepbench.launch.faults import restart_count
 from sweepbench.core import JobOutcome
+from sweepbench.launch.faults import restart_count
 from sweepbench.launch.rank import redirect_output, run_rank
 from sweepbench.launch.rank_errors import clear_rank_errors, first_raised, last_line, note_rank_error
 from sweepbench.record.atomic import write_json_atomic

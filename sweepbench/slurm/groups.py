@@ -3,9 +3,9 @@ a job array) runs up to N of the sweep's jobs of the same request, one after the
 the queue wait and the allocation's start once for them.
 
 In each SLURM task (one per rank) ``GroupTask`` starts every job of its group as a fresh child
-process (``python -m sweepbench.sweep.slurm_groups``, the same interpreter) that runs the job's
+process (``python -m sweepbench.slurm.groups``, the same interpreter) that runs the job's
 rank exactly as an allocation of its own would (``TaskFunction``), with its own rendezvous port
-(``SWEEPBENCH_GROUP_SLOT``, see ``launch.slurm.master_port``). A job that crashes, raises or
+(``SWEEPBENCH_GROUP_SLOT``, see ``slurm.tasks.master_port``). A job that crashes, raises or
 hangs past its own time limit (the per-job request's ``timeout_min``) ends alone: its process is
 killed, the task writes a note of how it ended (``<job>/logs/group_rank<r>.json``), and the next
 job of the group starts. A rank whose peer's process ended badly stops its own at once (it could
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from sweepbench.launch.slurm import GROUP_SLOT
 from sweepbench.record.atomic import read_json, write_json_atomic
+from sweepbench.slurm.tasks import GROUP_SLOT
 
 POLL_S = 0.5
 
@@ -67,7 +67,7 @@ class GroupTask:
     job of the group, one after the other, each in a child process of its own."""
 
     def __init__(self, task: Any) -> None:
-        self.task = task  # slurm_submit.TaskFunction: one rank of one job
+        self.task = task  # submit.TaskFunction: one rank of one job
 
     def __call__(
         self,
@@ -113,7 +113,7 @@ class _Child:
     def __init__(self) -> None:
         self.results, result_w = os.pipe()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sweepbench.sweep.slurm_groups", str(result_w)],
+            [sys.executable, "-m", "sweepbench.slurm.groups", str(result_w)],
             stdin=subprocess.PIPE,
             pass_fds=(result_w,),
             start_new_session=True,

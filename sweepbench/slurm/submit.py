@@ -22,14 +22,14 @@ from omegaconf import DictConfig, open_dict
 from sweepbench.core import JobOutcome
 from sweepbench.launch.preflight import cluster_note, validate
 from sweepbench.launch.rank_errors import first_raised
-from sweepbench.launch.slurm import TASKS_ARE_RANKS, start_rank_log
-from sweepbench.launch.slurm_request import SlurmRequest, executor_init, executor_parameters, job_request
 from sweepbench.record import ENV_FILE, METRICS_FILE
 from sweepbench.record.atomic import read_json, write_json_atomic
 from sweepbench.record.env import capture_env
 from sweepbench.record.recorder import record_job
-from sweepbench.sweep.slurm_groups import GroupTask, chunks, clear_notes, group_outcome
-from sweepbench.sweep.slurm_watch import WATCHERS, Tracked, died_how, stderr_tail, wait_all
+from sweepbench.slurm.groups import GroupTask, chunks, clear_notes, group_outcome
+from sweepbench.slurm.request import SlurmRequest, executor_init, executor_parameters, job_request
+from sweepbench.slurm.tasks import TASKS_ARE_RANKS, start_rank_log
+from sweepbench.slurm.watch import WATCHERS, Tracked, died_how, stderr_tail, wait_all
 from sweepbench.sweep.tags import make_tag
 
 LABELS = {"slurm": "slurm", "local": "submitit-local"}
