@@ -3,7 +3,7 @@
 For each op and message size: fill known inputs, run once and check the output exactly, warm up,
 then time ``iters`` samples, each ``ops_per_sample`` back-to-back ops (nccl-tests' ``-n``) whose
 time / ops_per_sample is the sample (slowest rank), each sample's output checked before its time
-counts. ``benchmark.impl`` picks who runs the cases (measure.collective_impls): ``torch``
+counts. ``benchmark.impl`` picks who runs the cases (collective.impls): ``torch``
 (torch.distributed) or the peer ``nccl_tests`` (NVIDIA's binaries), parsed into the same cases. ``size_bytes`` is
 nccl-tests' size S (the full buffer: the gathered output for all_gather, the input for
 reduce_scatter); algbw = S / t and busbw = algbw * factor(n), with factor 2(n-1)/n for all_reduce,
@@ -21,12 +21,14 @@ from sweepbench.benchmarks.registry import register
 from sweepbench.config.schema import BenchmarkConfig
 from sweepbench.core import VerificationError
 from sweepbench.draw.units import format_bytes
-from sweepbench.measure.collective_impls import ALL_OPS, DTYPE_BYTES, IMPLS, get_impl
+from sweepbench.collective.impls import ALL_OPS, DTYPE_BYTES, IMPLS, get_impl
 
 
 @dataclass
 class CollectiveConfig(BenchmarkConfig):
     name: str = "collective"
+    warmup: int = 5  # untimed samples of each op and message size before timing
+    iters: int = 20  # timed samples of each op and message size
     ops: list[str] = field(default_factory=lambda: list(ALL_OPS))
     min_bytes: int = 1024  # smallest S (bytes); sizes grow by step_factor up to max_bytes
     max_bytes: int = 1 << 20
@@ -34,7 +36,8 @@ class CollectiveConfig(BenchmarkConfig):
     dtype: str = "float32"
     # ops one timed sample runs back to back (nccl-tests -n); 0 = measure.timing's rule for short ops (20)
     ops_per_sample: int = 0
-    # who runs the cases: torch | torch_graph (CUDA graphs) | nccl_tests | nccl_tests_graph (nccl-tests -G 1)
+    # who runs the cases: torch | torch_graph (CUDA graphs, CUDA only) | nccl_tests | nccl_tests_graph
+    # (nccl-tests -G 1; both need benchmark.nccl_tests_dir)
     impl: str = "torch"
     nccl_tests_dir: str = ""  # impl=nccl_tests: the build directory holding all_reduce_perf, ... (nccl-tests' build/)
 
@@ -191,7 +194,7 @@ class CollectiveBenchmark(Benchmark):
         ]
 
     def run(self) -> BenchmarkResult:
-        from sweepbench.measure.collectives import OPS, Mismatch
+        from sweepbench.collective.ops import OPS, Mismatch
         from sweepbench.measure.progress import case_done
 
         ops = [op for op in self.cfg.ops if self.ctx.world_size >= OPS[op].min_ranks]

@@ -40,7 +40,8 @@ class ReshardConfig(TransferConfig):
     name: str = "reshard"
     suite: str = "one_to_m"  # one_to_m | n_to_m | custom (sweep: benchmark.suite=one_to_m,n_to_m)
     m: list[int] = field(default_factory=lambda: [1, 2, 4])  # one_to_m: destination mesh sizes; 1 + max(m) ranks
-    dst_specs: list[str] = field(default_factory=lambda: ["RR", "S0R", "RS0"])  # one_to_m: destination specs
+    # one_to_m: destination specs (RR: the broadcast case)
+    dst_specs: list[str] = field(default_factory=lambda: ["RR", "S0R", "RS0"])
     mesh_ranks: int = 4  # n_to_m: ranks of the larger meshes (even; others have half); 2 * mesh_ranks ranks
     cases: list[str] = field(default_factory=list)  # custom: case names, e.g. [2x2_S0R_to_1x4_RS1]
     overlap: bool = False  # destination mesh starts at rank 0, sharing ranks with the source mesh

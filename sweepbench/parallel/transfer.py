@@ -34,8 +34,6 @@ class TransferConfig(BenchmarkConfig):
     bucket_bytes: int = 64 << 20  # small pieces are packed into buckets of at most this many bytes
     seed: int = 0  # values are a deterministic function of (seed, parameter, element)
     probe_bytes: int = 0  # link probe message size; 0 = the benchmark's default (see its module docstring)
-    warmup: int = 2
-    iters: int = 5
 
 
 # Strategy-specific executor options, and the transport a backend imposes.
