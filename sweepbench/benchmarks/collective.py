@@ -3,7 +3,7 @@
 For each op and message size: fill known inputs, run once and check the output exactly, warm up,
 then time ``iters`` samples, each ``ops_per_sample`` back-to-back ops (nccl-tests' ``-n``) whose
 time / ops_per_sample is the sample (slowest rank), each sample's output checked before its time
-counts. ``benchmark.impl`` picks who runs the cases (measure.collective_impls): ``torch``
+counts. ``benchmark.impl`` picks who runs the cases (collective.impls): ``torch``
 (torch.distributed) or the peer ``nccl_tests`` (NVIDIA's binaries), parsed into the same cases. ``size_bytes`` is
 nccl-tests' size S (the full buffer: the gathered output for all_gather, the input for
 reduce_scatter); algbw = S / t and busbw = algbw * factor(n), with factor 2(n-1)/n for all_reduce,
@@ -18,10 +18,10 @@ from omegaconf import DictConfig
 
 from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, PageSpec, Plot
 from sweepbench.benchmarks.registry import register
+from sweepbench.collective.impls import ALL_OPS, DTYPE_BYTES, IMPLS, get_impl
 from sweepbench.config.schema import BenchmarkConfig
 from sweepbench.core import VerificationError
 from sweepbench.draw.units import format_bytes
-from sweepbench.measure.collective_impls import ALL_OPS, DTYPE_BYTES, IMPLS, get_impl
 
 
 @dataclass
@@ -194,7 +194,7 @@ class CollectiveBenchmark(Benchmark):
         ]
 
     def run(self) -> BenchmarkResult:
-        from sweepbench.measure.collectives import OPS, Mismatch
+        from sweepbench.collective.ops import OPS, Mismatch
         from sweepbench.measure.progress import case_done
 
         ops = [op for op in self.cfg.ops if self.ctx.world_size >= OPS[op].min_ranks]

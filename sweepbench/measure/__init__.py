@@ -1,7 +1,7 @@
 """Measurement: device-event timing of the slowest rank, statistics, memory peaks.
 
 ``summarize`` and ``time_iterations`` are re-exported lazily: the package also holds modules the
-driver imports before any rank starts (``collective_impls``), whose path must not import torch."""
+driver imports before any rank starts (``store``, ``store_cli``), whose path must not import torch."""
 
 from typing import Any
 

@@ -16,7 +16,7 @@ _MODULES = {
     "send_recv": "p2p",
     "pipeline": "p2p",
     "ipc": "ipc",
-    "broadcast": "collective",
+    "broadcast": "broadcast",
     "naive": "naive",
     "nvshmem": "symm",
 }

@@ -94,7 +94,7 @@ def docs_sweep(main_sweep: SweepRun, tmp_path_factory: pytest.TempPathFactory) -
 def nccl_tests_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where the docs point at an nccl-tests build: a directory holding its binaries' names as
     executables (a dry run checks they are there; nothing runs them)."""
-    from sweepbench.measure.nccl_tests import BINARIES
+    from sweepbench.collective.nccl_tests import BINARIES
 
     build = tmp_path_factory.mktemp("nccl_tests_build")
     for name in BINARIES.values():

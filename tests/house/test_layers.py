@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("sweepbench.train",),
     ("sweepbench.attention",),
     ("sweepbench.parallel",),
+    ("sweepbench.collective",),  # the collective engine: ops as nccl-tests measures them, nccl-tests, impls
     ("sweepbench.draw",),  # the drawing kit (figures, units) engines, plugins and the report draw with
     ("sweepbench.measure",),
     ("sweepbench.record",),  # below measure: whatever writes a file writes it with record.atomic

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from sweepbench.measure.collectives import Mismatch
-from sweepbench.measure.nccl_tests import BINARIES, Row, cases_from_rows, command, header, parse_output
+from sweepbench.collective.nccl_tests import BINARIES, Row, cases_from_rows, command, header, parse_output
+from sweepbench.collective.ops import Mismatch
 
 from tests.conftest import COLLECTIVE, run_sweepbench
 
@@ -203,8 +203,8 @@ def peer_job(rank: int, world_size: int, build: str, job_dir: str, timeout_s: fl
              graph: bool = False) -> dict[str, Any]:
     import torch
 
+    from sweepbench.collective.nccl_tests import run_cases, run_cases_graph
     from sweepbench.core import RankContext
-    from sweepbench.measure.nccl_tests import run_cases, run_cases_graph
 
     cfg = OmegaConf.create({"launch": {"timeout_s": timeout_s}, "benchmark": {
         **_cfg(max_bytes=64 << 20), "ops": ["all_reduce"], "nccl_tests_dir": build}})
@@ -304,7 +304,7 @@ def test_a_hung_binary_dies_with_the_rank_that_started_it(tmp_path: Path) -> Non
     binary dies with it (PR_SET_PDEATHSIG)."""
     build, pids = tmp_path / "build", tmp_path / "pids"
     _stand_in(build, f"echo $$ > {pids}.tmp && mv {pids}.tmp {pids}\nexec sleep 300\n")
-    code = ("from pathlib import Path; from sweepbench.measure.nccl_tests import _run_binary; "
+    code = ("from pathlib import Path; from sweepbench.collective.nccl_tests import _run_binary; "
             f"_run_binary([{str(build / BINARIES['all_reduce'])!r}], None, timeout_s=300)")
     rank = subprocess.Popen([sys.executable, "-c", code])
     try:
@@ -323,7 +323,7 @@ def test_a_hung_binary_dies_with_the_rank_that_started_it(tmp_path: Path) -> Non
 def test_a_binary_that_floods_its_output_is_killed_at_the_limit(worlds: Any, tmp_path: Path) -> None:
     """Output goes to files and is capped (MAX_OUTPUT_BYTES): a binary printing without end is
     killed there, long before the job's timeout, instead of filling the rank's memory."""
-    from sweepbench.measure.nccl_tests import MAX_OUTPUT_BYTES
+    from sweepbench.collective.nccl_tests import MAX_OUTPUT_BYTES
 
     build, pids = tmp_path / "build", tmp_path / "pids"
     _stand_in(build, f"echo $$ > {pids}.tmp && mv {pids}.tmp {pids}\nexec yes 'not a result line'\n")

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sweepbench.benchmarks.collective import ALL_OPS, CollectiveBenchmark, message_sizes
+from sweepbench.collective.ops import OPS, Buffers, Mismatch, verify_once
 from sweepbench.core import RankContext, VerificationError
-from sweepbench.measure.collectives import OPS, Buffers, Mismatch, verify_once
 from sweepbench.measure.stats import summarize
 
 from tests.conftest import SMALL, SweepRun
@@ -141,7 +141,7 @@ def _doubling(numel: int) -> Buffers:
 def test_a_batch_of_in_place_calls_is_checked_by_its_own_output() -> None:
     """After c calls the in-place all_reduce holds n^(c-1) times one call's output: the sample's own
     output is checked (not one more call after it) wherever the dtype holds that exactly."""
-    from sweepbench.measure.collectives import _Sample
+    from sweepbench.collective.ops import _Sample
 
     bufs = _doubling(16)
     sample = _Sample("all_reduce", bufs, 64, 0, n=2)
@@ -159,7 +159,7 @@ def test_a_batch_of_in_place_calls_is_checked_by_its_own_output() -> None:
 
 
 def test_a_batch_the_dtype_cannot_hold_exactly_is_checked_by_one_more_call() -> None:
-    from sweepbench.measure.collectives import _Sample
+    from sweepbench.collective.ops import _Sample
 
     bufs = _doubling(16)
     calls = []

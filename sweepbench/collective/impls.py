@@ -6,7 +6,7 @@ before any rank starts; each entry points at its code ("module:function"), impor
 An entry is called on every rank as ``run(ctx, cfg, grid, on_case)`` with the RankContext, the
 benchmark config and the (op, size) grid, calls ``on_case(case)`` as each case is done, and
 returns ``{"cases": [...], "sampling": {...}}`` (rank 0's counts); a wrong result raises
-``measure.collectives.Mismatch``."""
+``collective.ops.Mismatch``."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from sweepbench.core import Registry, load_entry
 
-ALL_OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv"]  # collectives.OPS
+ALL_OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv"]  # ops.OPS
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -44,7 +44,7 @@ def get_impl(name: str) -> CollectiveImpl:
 
 
 def _check_nccl_tests(cfg: Any, world_size: int) -> None:
-    from sweepbench.measure.nccl_tests import check_build
+    from sweepbench.collective.nccl_tests import check_build
 
     check_build(cfg, world_size)
 
@@ -52,7 +52,7 @@ def _check_nccl_tests(cfg: Any, world_size: int) -> None:
 IMPLS.add(
     "torch",
     CollectiveImpl(
-        "sweepbench.measure.collectives:run_torch",
+        "sweepbench.collective.ops:run_torch",
         "torch.distributed on every rank, timed by sweepbench",
         reference="nccl_tests",
     ),
@@ -73,7 +73,7 @@ def _check_cuda(cfg: Any, world_size: int) -> None:
 IMPLS.add(
     "torch_graph",
     CollectiveImpl(
-        "sweepbench.measure.collectives:run_torch_graph",
+        "sweepbench.collective.ops:run_torch_graph",
         "torch.distributed, each sample's calls captured once as a CUDA graph and "
         "replayed (no host cost per call: nccl-tests -G); CUDA only",
         check=_check_cuda,
@@ -83,7 +83,7 @@ IMPLS.add(
 IMPLS.add(
     "nccl_tests",
     CollectiveImpl(
-        "sweepbench.measure.nccl_tests:run_cases",
+        "sweepbench.collective.nccl_tests:run_cases",
         "NVIDIA's nccl-tests binaries (benchmark.nccl_tests_dir), one process driving every GPU of the node",
         check=_check_nccl_tests,
     ),
@@ -91,7 +91,7 @@ IMPLS.add(
 IMPLS.add(
     "nccl_tests_graph",
     CollectiveImpl(
-        "sweepbench.measure.nccl_tests:run_cases_graph",
+        "sweepbench.collective.nccl_tests:run_cases_graph",
         "nccl_tests with CUDA graphs (-G 1): each sample's calls captured as "
         "one graph, launched once (what torch_graph times)",
         check=_check_nccl_tests,

@@ -161,7 +161,7 @@ def cases_from_rows(
 ) -> list[dict[str, Any]]:
     """One case per size, its samples the ``-N`` cycles' times; Mismatch where nccl-tests counted
     wrong elements or did not check, ValueError where a size's lines are missing."""
-    from sweepbench.measure.collectives import Mismatch
+    from sweepbench.collective.ops import Mismatch
     from sweepbench.measure.stats import summarize
 
     by_size: dict[int, list[Row]] = {}
@@ -304,7 +304,7 @@ def run_cases(
     """Rank 0 runs nccl-tests once per op; the other ranks wait on a gloo barrier (off the GPUs)."""
     import torch.distributed as dist
 
-    from sweepbench.measure.collectives import OPS
+    from sweepbench.collective.ops import OPS
     from sweepbench.measure.timing import ops_per_sample
 
     # the others outwait rank 0's binary, which is killed at launch.timeout_s, so rank 0 tells why
