@@ -58,10 +58,10 @@ class Baseline:
     """T1 (the whole sequence on one device, every SDPA backend that runs there) as rank 0 measured
     or reused it, and T1 at the per-GPU length where measured."""
 
-    t1: dict[str, Any]  # single.t1_and_reference's: stats and times_s by backend, refused, pruned, phase_s
+    t1: dict[str, Any]  # t1.t1_and_reference's: stats and times_s by backend, refused, pruned, phase_s
     source: dict[str, Any]  # {"reused": bool, "measured": where and when, or None}
     backend: str  # T1's fastest backend
-    local_s: float | None  # T1 at L/W (single.t1_local)
+    local_s: float | None  # T1 at L/W (t1.t1_local)
 
     @property
     def stats(self) -> dict[str, dict[str, float]]:

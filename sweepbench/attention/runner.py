@@ -10,8 +10,8 @@ so it has none). An impl with a context (``ImplSpec.context``, torch_cp's ``cont
 it opened once around each loop (verification; each timing loop's warm-up and timed iterations
 together), as its users run it, not per iteration; each entry's time is kept (``context_entry_s``).
 
-T1 and the reference come from ``single`` (each backend in a child process), or from the store
-of baselines (``reuse``, ``sweepbench.measure.store``) where an earlier job measured the same case.
+T1 and the reference come from ``t1`` (each backend in a child process), or from the store
+of baselines (``t1_store``, ``sweepbench.measure.store``) where an earlier job measured the same case.
 At W=1, where the impl runs the kernel T1 timed (``ImplSpec.one_rank_is_t1``, dense, the same SDPA
 backend), the fwd+bwd total is T1's samples of that backend, not timed again."""
 
@@ -30,10 +30,10 @@ from sweepbench.attention.comm import Comm, LocalComm
 from sweepbench.attention.ops import backends_for
 from sweepbench.attention.placement import shard_sequence, unshard_sequence
 from sweepbench.attention.registry import get_impl
-from sweepbench.attention.reuse import measured_note
 from sweepbench.attention.scaling import make_inputs, mismatch
-from sweepbench.attention.single import T1Case, t1_and_reference, t1_local
 from sweepbench.attention.summary import report_case
+from sweepbench.attention.t1 import T1Case, t1_and_reference, t1_local
+from sweepbench.attention.t1_store import measured_note
 from sweepbench.core import VerificationError
 from sweepbench.measure import summarize, time_iterations
 from sweepbench.measure.memory import memory_peaks, reset_peaks

@@ -254,7 +254,7 @@ class AttentionBenchmark(Benchmark):
     def report_notes(cls, jobs: list[dict[str, Any]]) -> list[str]:
         """Where each job's T1 was measured (this job, or the store: when, on which host, by which job),
         and the W=1 jobs whose fwd+bwd is T1's."""
-        from sweepbench.attention.reuse import measured_note
+        from sweepbench.attention.t1_store import measured_note
 
         notes = []
         for job in jobs:

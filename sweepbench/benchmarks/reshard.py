@@ -13,7 +13,7 @@ warm-up; the slowest rank's time), then check every destination shard bit for bi
 raises ``VerificationError`` naming the case. ``verified`` is true only when every rank checked
 every iteration of every case.
 
-The link floor of each case (``effective_gbps``, ``fraction_of_link``) is ``parallel.floor``'s."""
+The link floor of each case (``effective_gbps``, ``fraction_of_link``) is ``parallel.link_floor``'s."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, PageSpec, Plot
 from sweepbench.benchmarks.registry import register
 from sweepbench.parallel import make_plan
-from sweepbench.parallel.floor import Floor
+from sweepbench.parallel.link_floor import Floor
 from sweepbench.parallel.reshard_suites import ResolvedCase, mesh_str, suite_cases
 from sweepbench.parallel.transfer import TransferConfig, check_transfer_options, time_transfer, transfer_strategy
 

@@ -171,7 +171,7 @@ def test_the_t1_childs_reference_is_its_fastest_backends_output(tmp_path: Path) 
     from sweepbench.attention.dilated import Branch
     from sweepbench.attention.ops import backends_for
     from sweepbench.attention.scaling import Shape, make_inputs, single_device
-    from sweepbench.attention.single import T1Case, probe_backends
+    from sweepbench.attention.t1 import T1Case, probe_backends
     from sweepbench.measure import summarize
 
     case = T1Case(batch=1, heads=4, kv_heads=2, seq_len=128, head_dim=8, dtype="float32", device="cpu", seed=7,
@@ -199,8 +199,8 @@ def t1_local_from_store(rank: int, world_size: int, store_dir: str) -> float | N
     ``store_dir``, where rank 0 first files a T1 of 0.125 s for seq 32, as a job at that length would."""
     import torch
 
-    from sweepbench.attention.reuse import t1_entry
-    from sweepbench.attention.single import T1Case, _t1_key, t1_local
+    from sweepbench.attention.t1_store import t1_entry
+    from sweepbench.attention.t1 import T1Case, _t1_key, t1_local
     from sweepbench.measure.store import Store
 
     case = T1Case(1, 2, 2, 64, 8, "float32", "cpu", 0, True, True, "dense", [], 1, torch.get_num_threads())
@@ -224,9 +224,9 @@ def t1_after_a_ranking(rank: int, world_size: int, store_dir: str, slower: float
     ranking says that at 32 tokens cudnn took ``slower`` x cpu_flash's time (samples apart)."""
     import torch
 
-    from sweepbench.attention.reuse import t1_entry
+    from sweepbench.attention.t1_store import t1_entry
     from sweepbench.attention.scaling import Shape, make_inputs
-    from sweepbench.attention.single import T1Case, _ranking_key, _t1_key, t1_and_reference
+    from sweepbench.attention.t1 import T1Case, _ranking_key, _t1_key, t1_and_reference
     from sweepbench.measure.store import Store
 
     case = T1Case(1, 2, 2, 64, 8, "float32", "cpu", 0, True, True, "dense", [], 1, torch.get_num_threads())
@@ -257,7 +257,7 @@ def test_a_backend_that_lost_clearly_at_a_shorter_length_is_not_timed(worlds: An
 
 
 def test_the_prune_rule_needs_the_factor_and_separated_samples() -> None:
-    from sweepbench.attention.reuse import prune
+    from sweepbench.attention.t1_store import prune
 
     def at_32(median: float, low: float) -> dict[str, Any]:
         return {"32": {"a": {"median_s": 1.0, "min_s": 0.8, "max_s": 1.2},

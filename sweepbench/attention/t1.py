@@ -1,6 +1,6 @@
 """T1: the whole sequence on one device, timed with every SDPA backend that runs it, each backend
 probed and timed in a child process of rank 0 (a fresh interpreter, ``python -m
-sweepbench.attention.single``), so that a backend that kills its process or poisons the CUDA
+sweepbench.attention.t1``), so that a backend that kills its process or poisons the CUDA
 context (``an illegal memory access``) is left out with its reason and the job goes on.
 
 The child rebuilds the inputs from the seed (``make_inputs``: the same values as the ranks'),
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from sweepbench.attention.reuse import T1Entry
+    from sweepbench.attention.t1_store import T1Entry
     from sweepbench.measure.store import Store
 
 PREFIX = "t1-probe "
@@ -92,7 +92,7 @@ def probe_backends(
         )
         spawned = time.time()
         proc = subprocess.run(
-            [sys.executable, "-m", "sweepbench.attention.single"],
+            [sys.executable, "-m", "sweepbench.attention.t1"],
             input=spec,
             stdout=subprocess.PIPE,
             text=True,
@@ -146,11 +146,11 @@ def t1_and_reference(
     "times_s": {backend: samples}}, on every rank), the reference (out, dq, dk, dv) of T1's fastest
     backend (rank 0; None elsewhere) and where they came from ({"reused": whether both came from
     the store, "measured": where and when they were measured, None without a store}). A backend
-    that lost clearly at a shorter length of the same shape (``reuse.prune``, ``prune_factor``)
+    that lost clearly at a shorter length of the same shape (``t1_store.prune``, ``prune_factor``)
     is not timed. No backend left fails the job."""
     import torch
 
-    from sweepbench.attention.reuse import prune, t1_entry
+    from sweepbench.attention.t1_store import prune, t1_entry
 
     t1, reference, source = None, None, {"reused": False, "measured": None}
     if rank == 0:
@@ -200,7 +200,7 @@ def t1_and_reference(
 
 def _t1_key(case: T1Case, candidates: list[str], fault: str, device: "torch.device") -> dict[str, Any]:
     """What T1 and the reference of ``case`` depend on: the store files them by it."""
-    from sweepbench.attention.reuse import software_key
+    from sweepbench.attention.t1_store import software_key
 
     return {
         **{k: v for k, v in asdict(case).items() if k not in ("device", "num_threads")},
@@ -233,7 +233,7 @@ def t1_local(
     backend refuses the shorter sequence."""
     import torch
 
-    from sweepbench.attention.reuse import t1_entry
+    from sweepbench.attention.t1_store import t1_entry
     from sweepbench.measure import summarize
 
     if world_size == 1 or case.pattern != "dense" or case.seq_len % world_size:
