@@ -1,12 +1,13 @@
-"""The report engine: plots, the self-contained HTML report of a sweep, comparisons of two
-sweeps with a noise-aware verdict, and wandb workspace views. Nothing here runs on a rank.
+"""The report engine: the self-contained HTML report of a sweep (its figures drawn with
+``sweepbench.draw``), comparisons of two sweeps with a noise-aware verdict, and wandb workspace
+views. Nothing here runs on a rank.
 
 The package import stays light (the CLI imports it before deciding whether Hydra runs):
-import the modules you need (``sweepbench.report.page``, ``.compare``, ``.plotting``)."""
+import the modules you need (``sweepbench.report.page``, ``.compare``)."""
 
 
-def write_sweep_report(sweep_dir):  # type: ignore[no-untyped-def]
+def write_sweep_report(sweep_dir, **made):  # type: ignore[no-untyped-def]
     """``<sweep>/report.html``; see ``sweepbench.report.page.write_sweep_report``."""
     from sweepbench.report.page import write_sweep_report as write
 
-    return write(sweep_dir)
+    return write(sweep_dir, **made)

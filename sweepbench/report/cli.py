@@ -114,14 +114,15 @@ def _report(args: argparse.Namespace) -> int:
     check_writable(args.out or args.sweeps[0] / REPORT_FILE, what="report file")
     if args.save_jobs:
         check_writable(args.save_jobs, what="--save-jobs file")
-    out = write_report(args.sweeps, args.out)
+    sweeps = [load_sweep(p) for p in args.sweeps]  # each read once, for the page, --save-jobs and --wandb
+    out = write_report(args.sweeps, args.out, sweeps=sweeps)
     print(f"sweepbench: report written to {out}")
     if args.save_jobs:
-        print(f"sweepbench: job records written to {save_jobs_file(load_sweep(args.sweeps[0]), args.save_jobs)}")
+        print(f"sweepbench: job records written to {save_jobs_file(sweeps[0], args.save_jobs)}")
     if args.wandb:
         from sweepbench.report.workspace import publish_workspace
 
-        return publish_workspace(load_sweep(args.sweeps[0]), baseline=args.baseline)
+        return publish_workspace(sweeps[0], baseline=args.baseline)
     return 0
 
 

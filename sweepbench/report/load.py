@@ -19,8 +19,9 @@ from typing import Any
 
 import yaml
 
-from sweepbench.record import ENV_FILE, METRICS_FILE
-from sweepbench.record.atomic import read_json, write_json_atomic
+from sweepbench.record import METRICS_FILE
+from sweepbench.record.atomic import write_json_atomic
+from sweepbench.record.readback import MAX_RECORD_BYTES, JobFiles, SweepRecords, read_sweep
 
 JOBS_FILE_FORMAT = "sweepbench-jobs/1"
 UNREADABLE = "unreadable"  # the status of a job whose metrics.json exists but cannot be read
@@ -61,7 +62,6 @@ def _mtime_utc(path: Path) -> str:
     return stamp.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-MAX_RECORD_BYTES = 1 << 30  # a metrics.json beyond this is not read (a report must not need its size in memory)
 MAX_SAMPLES = 2000  # per case, for the page and the statistics: more are thinned (``thin_samples``)
 # fields a job record holds, with their types (a field may be absent; all but tag and status null)
 _FIELDS: dict[str, tuple[type, ...]] = {
@@ -139,73 +139,67 @@ def thin_samples(record: dict[str, Any], limit: int = MAX_SAMPLES) -> dict[str, 
     """Each case's ``times_s`` cut to at most ``limit`` samples, evenly spaced in the order they were
     taken (the case's summary statistics stay those of all samples; ``samples_recorded`` says how
     many there were), so that the size of a record decides neither a page's size nor the memory
-    and time of its statistics."""
-    for case in (record.get("results") or {}).get("cases") or []:
+    and time of its statistics. A record with such a case comes back as a copy: ``record`` is the
+    one every reader of the command shares (``record.readback``)."""
+
+    def thin(case: dict[str, Any]) -> dict[str, Any]:
         times = case.get("times_s")
-        if isinstance(times, list) and len(times) > limit:
-            step = len(times) / limit
-            case["times_s"] = [times[int(i * step)] for i in range(limit)]
-            case["samples_recorded"] = len(times)
-    return record
+        if not (isinstance(times, list) and len(times) > limit):
+            return case
+        step = len(times) / limit
+        return {**case, "times_s": [times[int(i * step)] for i in range(limit)], "samples_recorded": len(times)}
+
+    cases = (record.get("results") or {}).get("cases") or []
+    thinned = [thin(case) for case in cases]
+    if all(a is b for a, b in zip(thinned, cases)):
+        return record
+    return {**record, "results": {**record["results"], "cases": thinned}}
 
 
 def unreadable_job(tag: str, path: Path, problem: str) -> dict[str, Any]:
     return {"tag": tag, "status": UNREADABLE, "error": f"{path} cannot be read: {problem}", "config": {}, "results": {}}
 
 
-def _read_metrics(job_dir: Path) -> dict[str, Any] | None:
-    """The job's metrics.json; None when there is none; a job of status ``unreadable`` (naming
-    the file and what is wrong with it) when it exists but is not a job record, or the job's
-    directory cannot be read."""
-    path = job_dir / METRICS_FILE
-    try:
-        if not path.exists():
-            return None
-        if not path.is_file():
-            problem = "not a regular file"
-        elif path.stat().st_size > MAX_RECORD_BYTES:
-            problem = (
-                f"{path.stat().st_size / 2**20:.0f} MiB, more than a job record can be ({MAX_RECORD_BYTES >> 20} MiB)"
-            )
-        else:
-            metrics = json.loads(path.read_bytes())
-            problem = record_problem(metrics)
-    except (OSError, ValueError, RecursionError) as err:
-        problem, path = (err.strerror or str(err)) if isinstance(err, OSError) else str(err), path
-        if isinstance(err, OSError) and err.filename and Path(err.filename) == job_dir:
-            path = job_dir
+def _job_record(files: JobFiles) -> dict[str, Any]:
+    """The job's record as a report uses it: its metrics.json with the samples thinned; a failed
+    job where it left none; a job of status ``unreadable`` (naming the file and what is wrong with
+    it) where it is not a job record, or it or the job's directory cannot be read."""
+    if not files.found:
+        return {
+            "tag": files.name,
+            "status": "failed",
+            "error": "the job left no metrics.json",
+            "config": {},
+            "results": {},
+        }
+    problem = files.problem
     if not problem:
-        return thin_samples(metrics)
-    return unreadable_job(job_dir.name, path, problem)
+        try:
+            problem = record_problem(files.metrics)
+        except RecursionError as err:
+            problem = str(err)
+    if problem:
+        return unreadable_job(files.name, files.problem_path or files.dir / METRICS_FILE, problem)
+    return thin_samples(files.metrics)
 
 
-def load_sweep(path: str | Path) -> Sweep:
+def load_sweep(path: str | Path, *, records: SweepRecords | None = None) -> Sweep:
     """A sweep directory (one sub-directory per job) or a jobs file. Jobs without metrics.json
     (a crash before recording) appear as failed jobs with results.csv's error, never dropped;
     jobs whose metrics.json cannot be read appear as ``unreadable``, by name. A sweep none of whose
-    jobs can be read is bad input (ValueError)."""
+    jobs can be read is bad input (ValueError). ``records``: the sweep directory's records as this
+    command already read them (``record.readback.read_sweep``), else they are read here."""
     path = Path(path)
-    if path.is_file():
+    if records is None and path.is_file():
         return _load_jobs_file(path)
-    if not path.is_dir():
+    if records is None and not path.is_dir():
         raise ValueError(f"{path} is neither a sweep directory nor a jobs file (.json)")
     jobs, envs = [], {}
-    for job_dir in sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        metrics = _read_metrics(job_dir)
-        if metrics is None:
-            if not (job_dir / ".hydra").is_dir():
-                continue  # not a job directory
-            metrics = {
-                "tag": job_dir.name,
-                "status": "failed",
-                "error": "the job left no metrics.json",
-                "config": {},
-                "results": {},
-            }
+    for files in (records if records is not None else read_sweep(path)).jobs.values():
+        metrics = _job_record(files)
         jobs.append(metrics)
-        env = _read_env(job_dir / ENV_FILE)
-        if env:
-            envs[str(metrics.get("tag") or job_dir.name)] = env
+        if files.env:
+            envs[str(metrics.get("tag") or files.name)] = files.env
     _add_rows_without_dirs(path, jobs)
     if not jobs:
         raise ValueError(f"{path} holds no job (no <tag>/metrics.json); is it a sweep directory?")
@@ -219,14 +213,6 @@ def load_sweep(path: str | Path) -> Sweep:
         command=_sweep_command(multirun) if multirun.exists() else "",
         date=_mtime_utc(multirun if multirun.exists() else path),
     )
-
-
-def _read_env(path: Path) -> dict[str, Any]:
-    try:
-        env = read_json(path) if path.is_file() and path.stat().st_size <= MAX_RECORD_BYTES else None
-    except OSError:
-        return {}
-    return env if isinstance(env, dict) else {}
 
 
 def _add_rows_without_dirs(path: Path, jobs: list[dict[str, Any]]) -> None:

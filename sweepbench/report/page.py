@@ -19,11 +19,11 @@ from typing import Any, Iterable, Sequence
 
 from omegaconf import OmegaConf
 
+from sweepbench.draw.plotting import config_value, figure_svg
 from sweepbench.record.atomic import write_atomic
 from sweepbench.report.answer import Answer, answer_jobs
 from sweepbench.report.hooks import compared_jobs
 from sweepbench.report.load import Sweep, load_sweep
-from sweepbench.report.plotting import config_value, figure_svg
 from sweepbench.report.template import render
 
 log = logging.getLogger(__name__)
@@ -266,7 +266,8 @@ def answer_view(answer: Answer) -> dict[str, Any]:
     }
 
 
-def sweep_section(sweep: Sweep, ids: _Ids) -> dict[str, Any]:
+def sweep_section(sweep: Sweep, ids: _Ids, answers: list[Answer] | None = None) -> dict[str, Any]:
+    """The page's part of one sweep; ``answers``: its ranking where the caller made it already."""
     columns, rows = results_table(sweep.jobs)
     by_bench: dict[str, list[dict[str, Any]]] = {}
     for job in sweep.jobs:
@@ -294,25 +295,36 @@ def sweep_section(sweep: Sweep, ids: _Ids) -> dict[str, Any]:
         "num_ok": len(sweep.jobs) - len(failed),
         "failed": failed,
         "benchmarks": benchmarks,
-        "answers": [answer_view(a) for a in answer_jobs(sweep.jobs)],
+        "answers": [answer_view(a) for a in (answers if answers is not None else answer_jobs(sweep.jobs))],
     }
 
 
-def render_report(sweeps: Sequence[Sweep]) -> str:
+def render_report(sweeps: Sequence[Sweep], answers: Sequence[list[Answer] | None] = ()) -> str:
+    """The page of ``sweeps``; ``answers``: each sweep's ranking where the caller made it already."""
     ids = _Ids()
     title = f"sweepbench report: {', '.join(s.name for s in sweeps)}"
     generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return render("report.html", title=title, generated=generated, sweeps=[sweep_section(s, ids) for s in sweeps])
+    made = [*answers, *[None] * (len(sweeps) - len(answers))]
+    sections = [sweep_section(s, ids, a) for s, a in zip(sweeps, made)]
+    return render("report.html", title=title, generated=generated, sweeps=sections)
 
 
-def write_report(paths: Sequence[str | Path], out: str | Path | None = None) -> Path:
-    """Render the report of one or more sweeps; by default ``<first sweep>/report.html``."""
-    sweeps = [load_sweep(p) for p in paths]
+def write_report(
+    paths: Sequence[str | Path], out: str | Path | None = None, *, sweeps: Sequence[Sweep] | None = None
+) -> Path:
+    """Render the report of one or more sweeps; by default ``<first sweep>/report.html``.
+    ``sweeps``: the sweeps of ``paths`` where the caller loaded them already."""
+    sweeps = sweeps if sweeps is not None else [load_sweep(p) for p in paths]
     out = Path(out) if out else Path(paths[0]) / REPORT_FILE
     write_atomic(out, render_report(sweeps))
     return out
 
 
-def write_sweep_report(sweep_dir: str | Path) -> Path:
-    """The end-of-sweep report (``<sweep>/report.html``), called by the sweep driver."""
-    return write_report([sweep_dir])
+def write_sweep_report(
+    sweep_dir: str | Path, *, sweep: Sweep | None = None, answers: list[Answer] | None = None
+) -> Path:
+    """The end-of-sweep report (``<sweep>/report.html``), called by the sweep driver with the
+    sweep and its ranking as it made them (else they are read and made here)."""
+    out = Path(sweep_dir) / REPORT_FILE
+    write_atomic(out, render_report([sweep if sweep is not None else load_sweep(sweep_dir)], [answers]))
+    return out

@@ -321,7 +321,8 @@ def add_run(sweep: Path, root: Path, name: str, *, command: str = "") -> Path:
     tmp = root / "runs" / f".{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     for path in jobs:
-        job = json.loads(path.read_text())
+        text = path.read_text()  # read once: parsed for the rows, kept as it is
+        job = json.loads(text)
         if job.get("benchmark") != m["benchmark"]:
             raise ValueError(f"{path}: a {job.get('benchmark')} job in a run named for {m['benchmark']}")
         base = {
@@ -334,10 +335,11 @@ def add_run(sweep: Path, root: Path, name: str, *, command: str = "") -> Path:
         cases = spec.rows(job) if job["status"] == "ok" else []
         rows += [{**r, **base} for r in cases] or [{**base, "world_size": job.get("world_size")}]
         (tmp / job["tag"]).mkdir(parents=True, exist_ok=True)
-        write_atomic(tmp / job["tag"] / "metrics.json", path.read_text())
+        write_atomic(tmp / job["tag"] / "metrics.json", text)
         if (path.parent / "env.json").is_file():
-            write_atomic(tmp / job["tag"] / "env.json", (path.parent / "env.json").read_text())
-            env = env or json.loads((path.parent / "env.json").read_text())
+            env_text = (path.parent / "env.json").read_text()
+            write_atomic(tmp / job["tag"] / "env.json", env_text)
+            env = env or json.loads(env_text)
     cols = list(dict.fromkeys(k for r in rows for k in ("benchmark", *r)))
     write_atomic(tmp / "results.csv", _csv_text([{c: r.get(c, "") for c in cols} for r in rows]))
     write_atomic(tmp / "command.txt", (command or _command_of(sweep)) + "\n")

@@ -18,10 +18,9 @@ from typing import Any, Iterable
 import pandas as pd
 from omegaconf import OmegaConf
 
-from sweepbench.record.atomic import read_json, write_atomic
-from sweepbench.record import METRICS_FILE
+from sweepbench.record.atomic import write_atomic
+from sweepbench.record.readback import SweepRecords, read_sweep
 from sweepbench.record.recorder import WALL_PHASES, sample_ops, timed_seconds
-from sweepbench.sweep.rounds import unit_dir
 
 CONFIG_COLUMNS = {
     "benchmark": ("benchmark", "name"),
@@ -85,13 +84,13 @@ def _measuring(metrics: dict[str, Any]) -> dict[str, Any]:
     return {"timed_s": timed, "measuring_fraction": fraction, **{f"wall_{k}_s": phases.get(k) for k in WALL_PHASES}}
 
 
-def _round_columns(sweep_dir: Path, metrics: dict[str, Any]) -> dict[str, Any]:
+def _round_columns(records: SweepRecords, metrics: dict[str, Any]) -> dict[str, Any]:
     """repeats, and each ``*_median_s`` headline number's value in every round (``a;b;c``)."""
     repeats = metrics.get("repeats")
     if not repeats:
         return {}
     tag = str(metrics.get("tag"))
-    rounds = [read_json(unit_dir(sweep_dir, tag, r) / METRICS_FILE) or {} for r in range(1, repeats + 1)]
+    rounds = [records.metrics(tag, r) or {} for r in range(1, repeats + 1)]
     out: dict[str, Any] = {"repeats": repeats}
     for key in _dig(metrics, ("results", "summary")) or {}:
         if key.endswith("_median_s"):
@@ -110,13 +109,13 @@ def _missing_row(job: Any, error: str, status: str = "failed") -> dict[str, Any]
     return row
 
 
-def _earlier_jobs(sweep_dir: Path, known: set[str]) -> list[dict[str, Any]]:
+def _earlier_jobs(records: SweepRecords, known: set[str]) -> list[dict[str, Any]]:
     """Rows of the jobs in the directory that are not in this invocation's grid."""
     rows = []
-    for job_dir in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and p.name not in known):
-        metrics = read_json(job_dir / METRICS_FILE)
-        if isinstance(metrics, dict) and metrics.get("tag") == job_dir.name:
-            rows.append({**job_row(metrics), **_round_columns(sweep_dir, metrics), "resumed": False, "this_run": False})
+    for name in records.jobs:
+        metrics = records.metrics(name)
+        if name not in known and isinstance(metrics, dict) and metrics.get("tag") == name:
+            rows.append({**job_row(metrics), **_round_columns(records, metrics), "resumed": False, "this_run": False})
     return rows
 
 
@@ -128,16 +127,19 @@ def aggregate_sweep(
     crashed: dict[str, str],
     skipped: dict[str, str] | None = None,
     not_run: dict[str, str] | None = None,
+    records: SweepRecords | None = None,
 ) -> pd.DataFrame:
     """Write ``results.csv`` and ``results.parquet`` (atomically) and return the table. ``this_run``
     marks the jobs this invocation ran: those of ``jobs`` not ``resumed``. ``skipped`` (did not
     fit) and ``not_run`` (a stop came first) map such jobs' tags to why: with no record of their
-    own (or, skipped, one that is not ok) their status says so, never ``failed``."""
+    own (or, skipped, one that is not ok) their status says so, never ``failed``. ``records``: the
+    sweep directory's records as this command read them (``record.readback``), else read here."""
     jobs = list(jobs)
     skipped, not_run = skipped or {}, not_run or {}
+    records = records if records is not None else read_sweep(sweep_dir)
     rows = []
     for job in jobs:
-        metrics = read_json(sweep_dir / job.tag / METRICS_FILE)
+        metrics = records.metrics(job.tag)
         if job.tag in skipped and not (isinstance(metrics, dict) and metrics.get("status") == "ok"):
             row = _missing_row(job, skipped[job.tag], "skipped")
         elif not isinstance(metrics, dict) and job.tag in not_run:
@@ -145,11 +147,11 @@ def aggregate_sweep(
         elif not isinstance(metrics, dict):
             row = _missing_row(job, crashed.get(job.tag, "the job left no metrics.json"))
         else:
-            row = {**job_row(metrics), **_round_columns(sweep_dir, metrics)}
+            row = {**job_row(metrics), **_round_columns(records, metrics)}
         row["resumed"] = job.tag in resumed
         row["this_run"] = job.tag not in resumed
         rows.append(row)
-    rows += _earlier_jobs(sweep_dir, {j.tag for j in jobs})
+    rows += _earlier_jobs(records, {j.tag for j in jobs})
     table = pd.DataFrame(rows)
     try:
         write_atomic(sweep_dir / "results.csv", table.to_csv(index=False))

@@ -26,6 +26,7 @@ from sweepbench.launch import interrupt, preload, status
 from sweepbench.launch.interpreter import check_interpreter
 from sweepbench.launch.preflight import cpu_fallback_note, fit_note, job_backend, validate_config
 from sweepbench.record.atomic import write_atomic
+from sweepbench.record.readback import SweepRecords, read_sweep
 from sweepbench.record.recorder import WALL_PHASES
 from sweepbench.sweep import resume, rounds
 from sweepbench.sweep.compose import JobComposer
@@ -196,7 +197,8 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
     skipped = {j.tag: j.fit for j in jobs if j.fit}
     every, jobs = jobs, [j for j in jobs if not j.fit]
     repeats = int(sweeper.config.sweep.repeats)
-    done, why = resume.resume_plan(sweep_dir, jobs, force=sweeper.config.sweep.force, repeats=repeats)
+    records = read_sweep(sweep_dir)  # the jobs' records, read once: what ran is read again after it ran
+    done, why = resume.resume_plan(records, jobs, force=sweeper.config.sweep.force, repeats=repeats)
     line = resume.describe(done, why, repeats=repeats)
     if line:
         print(line, flush=True)
@@ -219,16 +221,6 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
         restore()
         status.end()
         preload.release_kept()  # launch.keep_ranks: the sweep's ranks leave with it
-    if repeats > 1:
-        try:
-            rounds.write_combined(
-                sweep_dir,
-                [j.tag for j in jobs],
-                repeats=repeats,
-                crashed={(t, r): m for (t, r), m in crashed.items() if r is not None},
-            )
-        except OSError as err:
-            print(f"sweepbench: the jobs' records of their rounds were not combined: {err}", file=sys.stderr)
     first_crash = {tag: msg for (tag, _), msg in reversed(list(crashed.items()))}
     not_run: dict[str, str] = {}
     if stopped_by is not None:  # the units this run never started: not run, never "failed"
@@ -238,13 +230,29 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
         }
         for tag in unstarted:
             forget_unstarted(sweep_dir / tag)
-    table = aggregate_sweep(sweep_dir, every, resumed=resumed, crashed=first_crash, skipped=skipped, not_run=not_run)
-    print_summary(table, sweep_dir=sweep_dir)
+    records.reread(todo)  # for all that follows: the rounds, results.csv, the summary, the ranking, the page
+    if repeats > 1:
+        try:
+            rounds.write_combined(
+                records,
+                [j.tag for j in jobs],
+                repeats=repeats,
+                crashed={(t, r): m for (t, r), m in crashed.items() if r is not None},
+            )
+        except OSError as err:
+            print(f"sweepbench: the jobs' records of their rounds were not combined: {err}", file=sys.stderr)
+    table = aggregate_sweep(
+        sweep_dir, every, resumed=resumed, crashed=first_crash, skipped=skipped, not_run=not_run, records=records
+    )
+    sweep, answers = _rank(sweep_dir, records)
+    print_summary(table, sweep_dir=sweep_dir, records=records, answers=answers)
     print_measuring_fraction(table)
     try:  # the HTML report (sweepbench.report): a failure to write it never fails the sweep
         from sweepbench.report import write_sweep_report
 
-        print(f"sweepbench: report {write_sweep_report(sweep_dir)}")
+        if isinstance(answers, Exception):
+            raise answers
+        print(f"sweepbench: report {write_sweep_report(sweep_dir, sweep=sweep, answers=answers)}")
     except Exception as err:
         print(f"sweepbench: no report.html ({type(err).__name__}: {err})", file=sys.stderr)
     if stopped_by is not None:
@@ -274,6 +282,20 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
         )
         sys.exit(EXIT_SKIPPED)
     return [returns]
+
+
+def _rank(sweep_dir: Path, records: SweepRecords) -> tuple[Any, list[Any] | Exception]:
+    """The jobs' records as a report reads them and their ranking (``report.answer``), made once
+    for the summary and the page; where they cannot be made, the error instead (each of the two
+    then says so in one line; neither fails the sweep)."""
+    from sweepbench.report.answer import answer_jobs
+    from sweepbench.report.load import load_sweep
+
+    try:
+        sweep = load_sweep(sweep_dir, records=records)
+        return sweep, answer_jobs(sweep.jobs)
+    except Exception as err:
+        return None, err
 
 
 def forget_unstarted(job_dir: Path) -> None:

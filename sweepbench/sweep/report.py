@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from sweepbench.record.atomic import read_json
+from sweepbench.record.readback import SweepRecords, read_sweep
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -116,13 +116,13 @@ def _fmt(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _headlines(sweep_dir: Path, row: dict[str, Any]) -> list[tuple[str, str]]:
+def _headlines(records: SweepRecords, row: dict[str, Any]) -> list[tuple[str, str]]:
     """(key, label) of the job's headline columns, from its benchmark's hook and its config."""
     from omegaconf import OmegaConf
 
     from sweepbench.benchmarks.registry import get_benchmark
 
-    metrics = read_json(sweep_dir / str(row.get("tag")) / "metrics.json")
+    metrics = records.metrics(str(row.get("tag")))
     if not isinstance(metrics, dict) or not isinstance(metrics.get("config"), dict):
         return []
     try:
@@ -196,17 +196,26 @@ def _fitting(columns: list[tuple[str, str]], room: int, widths: dict[str, int]) 
     return chosen
 
 
-def print_summary(results: "pd.DataFrame", *, sweep_dir: Path) -> None:
+def print_summary(
+    results: "pd.DataFrame",
+    *,
+    sweep_dir: Path,
+    records: SweepRecords | None = None,
+    answers: "list[Any] | Exception | None" = None,
+) -> None:
     """Per benchmark: on a terminal a table of the headline columns that fit its width (a number
     is never cut: its column is as wide as its widest value); elsewhere one line per job with
-    every headline number and its label."""
+    every headline number and its label. Then the ranking. ``records`` (the jobs' records) and
+    ``answers`` (their ranking, or why there is none) as this command already has them, else they
+    are read and ranked here."""
     console = _console()
+    records = records if records is not None else read_sweep(sweep_dir)
     rows = results.to_dict("records")
     by_benchmark: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_benchmark.setdefault(str(row.get("benchmark")), []).append(row)
     for benchmark, group in by_benchmark.items():
-        heads = [_headlines(sweep_dir, row) for row in group]
+        heads = [_headlines(records, row) for row in group]
         if plain(console):
             _print_plain(group, heads, title=f"sweep {sweep_dir}: {benchmark}")
             continue
@@ -241,8 +250,9 @@ def print_summary(results: "pd.DataFrame", *, sweep_dir: Path) -> None:
             )  # an error may hold "[...]"
         console.print(table)
     try:  # the answer is read back from the jobs' records: a failure here never fails the sweep
-        answers = print_answer(sweep_dir, console=console)
-        log_answer(sweep_dir, answers)
+        if isinstance(answers, Exception):
+            raise answers
+        log_answer(sweep_dir, print_answer(sweep_dir, console=console, answers=answers))
     except Exception as err:
         print(f"sweepbench: no ranking ({type(err).__name__}: {err})")
 
@@ -261,13 +271,14 @@ def _print_plain(group: list[dict[str, Any]], heads: list[list[tuple[str, str]]]
         )
 
 
-def print_answer(sweep_dir: Path, *, console: Console | None = None) -> list[Any]:
-    """Print the ranking of every benchmark of the sweep; return the answers (``report.answer``)."""
+def print_answer(sweep_dir: Path, *, console: Console | None = None, answers: list[Any] | None = None) -> list[Any]:
+    """Print the ranking of every benchmark of the sweep (``answers``, else ranked here); return
+    the answers (``report.answer``)."""
     from sweepbench.report.answer import answer_jobs
     from sweepbench.report.load import load_sweep
 
     console = console or _console()
-    answers = answer_jobs(load_sweep(sweep_dir).jobs)
+    answers = answers if answers is not None else answer_jobs(load_sweep(sweep_dir).jobs)
     for a in answers:
         ranked = [r for r in a.rankings if len(r.entries) > 1]
         if not ranked and not a.failed:

@@ -17,20 +17,20 @@ from typing import Any, Iterable
 from omegaconf import OmegaConf
 
 from sweepbench.record import METRICS_FILE
-from sweepbench.record.atomic import read_json
 from sweepbench.record.env import redact_config
+from sweepbench.record.readback import SweepRecords
 from sweepbench.sweep.rounds import Unit, rounds_of, unit_dir
 from sweepbench.sweep.tags import hash_of, tagged_container
 
 PREVIOUS_METRICS_FILE = "metrics.previous.json"
 
 
-def job_state(sweep_dir: Path, job: Any, round_: int | None = None) -> str:
-    """``ok``, or why the job (its round ``round_``) must run."""
-    path = unit_dir(sweep_dir, job.tag, round_) / METRICS_FILE
-    if not path.exists():
-        return "its last run left no metrics.json" if path.with_name(PREVIOUS_METRICS_FILE).exists() else "not run yet"
-    metrics = read_json(path)
+def job_state(records: SweepRecords, job: Any, round_: int | None = None) -> str:
+    """``ok``, or why the job (its round ``round_``) must run, from the sweep directory's records."""
+    if not records.unit(job.tag, round_).found:
+        previous = unit_dir(records.path, job.tag, round_) / PREVIOUS_METRICS_FILE
+        return "its last run left no metrics.json" if previous.exists() else "not run yet"
+    metrics = records.metrics(job.tag, round_)
     if not isinstance(metrics, dict):
         return "its metrics.json is unreadable"
     if metrics.get("tag") != job.tag:
@@ -45,15 +45,16 @@ def job_state(sweep_dir: Path, job: Any, round_: int | None = None) -> str:
 
 
 def resume_plan(
-    sweep_dir: Path, jobs: Iterable[Any], *, force: bool, repeats: int = 1
+    records: SweepRecords, jobs: Iterable[Any], *, force: bool, repeats: int = 1
 ) -> tuple[set[Unit], dict[Unit, str]]:
     """(rounds already done and skipped, {round: why it runs} for the others), each round a
-    ``(tag, r)`` (r None without rounds)."""
+    ``(tag, r)`` (r None without rounds), from the sweep directory's records as read before any
+    job runs."""
     done: set[Unit] = set()
     why: dict[Unit, str] = {}
     for job in jobs:
         for r in rounds_of(repeats):
-            state = job_state(sweep_dir, job, r)
+            state = job_state(records, job, r)
             if state == "ok" and not force:
                 done.add((job.tag, r))
             else:

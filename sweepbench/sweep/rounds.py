@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from sweepbench.record import METRICS_FILE, ROUNDS_DIR
-from sweepbench.record.atomic import read_json, write_json_atomic
+from sweepbench.record.atomic import write_json_atomic
+from sweepbench.record.readback import SweepRecords
 
 Unit = tuple[str, "int | None"]  # (tag, round); round None: the job directory itself (repeats=1)
 
@@ -130,15 +131,18 @@ def combine_rounds(records: list[dict[str, Any] | None], *, crashed: dict[int, s
     return combined
 
 
-def write_combined(sweep_dir: Path, tags: Iterable[str], *, repeats: int, crashed: dict[tuple[str, int], str]) -> None:
-    """(Re)write ``<tag>/metrics.json`` of each job from its rounds 1..repeats; unchanged
+def write_combined(
+    records: SweepRecords, tags: Iterable[str], *, repeats: int, crashed: dict[tuple[str, int], str]
+) -> None:
+    """(Re)write ``<tag>/metrics.json`` of each job from its rounds 1..repeats (as ``records``, the
+    sweep's records this command read, holds them; it then holds the combined one too); unchanged
     records are left alone (their mtime says when the job last changed)."""
     for tag in tags:
-        records = [read_json(unit_dir(sweep_dir, tag, r) / METRICS_FILE) for r in range(1, repeats + 1)]
-        records = [m if isinstance(m, dict) and m.get("tag") == tag else None for m in records]
-        if not any(records):  # no round ever ran (e.g. a stop before the first): no record
+        rounds = [records.metrics(tag, r) for r in range(1, repeats + 1)]
+        rounds = [m if isinstance(m, dict) and m.get("tag") == tag else None for m in rounds]
+        if not any(rounds):  # no round ever ran (e.g. a stop before the first): no record
             continue
-        combined = combine_rounds(records, crashed={r: msg for (t, r), msg in crashed.items() if t == tag})
-        path = sweep_dir / tag / METRICS_FILE
-        if read_json(path) != combined:
-            write_json_atomic(path, combined)
+        combined = combine_rounds(rounds, crashed={r: msg for (t, r), msg in crashed.items() if t == tag})
+        if records.metrics(tag) != combined:
+            write_json_atomic(records.path / tag / METRICS_FILE, combined)
+            records.wrote(tag, combined)

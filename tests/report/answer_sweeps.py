@@ -7,7 +7,8 @@ for every module that uses them):
   axis, fault.factor, and factor 1 must win by a real gap; run with COLUMNS=80 (its terminal
   ranking must fit). 4x, not 2x: a ~200 us iteration on a loaded 2-core box once had a robust
   noise over 0.5, which puts compare's threshold (1 + 2 x noise) above a 2x gap;
-* ``attention``: impl x seq_len at a ring of 2 (tiny), for the chart keyed by what varied;
+* ``attention``: impl x seq_len at a ring of 2 (tiny), for the chart keyed by what varied, its
+  processes counting their reads of metrics.json (``read_counts``);
 * ``train``: one job of the tiny model, so that every benchmark's page is checked in Chromium."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import pytest
 
 from ..conftest import TERMINAL, SweepRun, base_env, run_sweepbench
+from .read_counts import counting_env
 
 # one rank, many short iterations (as compare's sweeps): the least noisy timing on a busy 2-core box
 SLOW = ["benchmark=refit", "model=tiny", "parallelism=tp1", "benchmark.inference=tp1", "benchmark.iters=60",
@@ -33,7 +35,8 @@ def answer_sweeps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SweepRu
     runs = {
         "slow": run_sweepbench(SLOW, sweep_dir=root / "slow", cwd=root,
                                env=base_env(COLUMNS=str(TERMINAL_COLUMNS), **TERMINAL)),
-        "attention": run_sweepbench(ATTENTION, sweep_dir=root / "attention", cwd=root, timeout=300),
+        "attention": run_sweepbench(ATTENTION, sweep_dir=root / "attention", cwd=root, timeout=300,
+                                    env=base_env(**counting_env(root / "attention_reads"))),
         "train": run_sweepbench(TRAIN, sweep_dir=root / "train", cwd=root, timeout=300),
     }
     for run in runs.values():
