@@ -7,6 +7,7 @@ otherwise the job spawns its ranks locally."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,13 +72,35 @@ def launch_mode() -> LaunchMode:
     return next(mode for mode in LAUNCH_MODES if mode.applies())
 
 
+@dataclass(frozen=True)
+class Planned:
+    """A job as its sweep's plan found it (``sweep.driver.plan_jobs``): valid, fitting this
+    machine, tagged."""
+
+    tag: str
+    world_size: int
+
+
+_PLANNED: dict[str, Planned] = {}  # a job's directory -> its plan, for the local jobs this process planned
+
+
+def expect_planned(job_dir: Path, planned: Planned) -> None:
+    """The job Hydra's basic launcher runs next in this process into ``job_dir`` was planned here:
+    it takes its world size and tag from the plan, its config checked once, before any rank."""
+    _PLANNED[os.path.abspath(job_dir)] = planned
+
+
 def run(cfg: DictConfig) -> dict[str, Any] | None:
     """Run one job and return its metrics (also written to ``metrics.json`` in the job dir);
     None on the ranks of a SLURM job that do not record (all but rank 0)."""
     mode = launch_mode()
-    world_size = validate(cfg, here=mode.name == "local")  # a SLURM task: its request was checked when planned
-    tag = make_tag(cfg, world_size=world_size)
     job_dir = Path(HydraConfig.get().runtime.output_dir)
+    planned = _PLANNED.pop(os.path.abspath(job_dir), None) if mode.name == "local" else None
+    if planned is None:  # a single run, or a SLURM task (its request was checked when planned)
+        world_size = validate(cfg, here=mode.name == "local")
+        tag = make_tag(cfg, world_size=world_size)
+    else:
+        world_size, tag = planned.world_size, planned.tag
     log.info("job %s: %s on %d ranks (%s launch)", tag, cfg.benchmark.name, world_size, mode.name)
     tic = time.monotonic() - ((process_age_s() or 0.0) if mode.in_rank else 0.0)
 

@@ -170,7 +170,8 @@ def fit_note(cfg: DictConfig, world_size: int, *, local: bool, gpus_per_node: in
         return cluster_note(cfg, gpus_per_node)
     ranks = on_backend(cfg, job_backend(cfg, world_size))
     try:
-        get_benchmark(cfg.benchmark.name).validate(ranks)  # its checks of the device this machine gives
+        if ranks is not cfg:  # backend=auto, resolved: validate_config let its device checks through
+            get_benchmark(cfg.benchmark.name).validate(ranks)  # its checks of the device this machine gives
         check_machine(ranks, world_size)
         check_local_fit(ranks, world_size)
     except ValueError as err:

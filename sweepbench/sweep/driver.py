@@ -22,6 +22,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
 from sweepbench.config.validate import check_repeats
+from sweepbench.job import Planned, expect_planned
 from sweepbench.launch import interrupt, preload, status
 from sweepbench.launch.interpreter import check_interpreter
 from sweepbench.launch.preflight import cpu_fallback_note, fit_note, job_backend, validate_config
@@ -206,6 +207,10 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
     todo = [(j.tag, r) for r in rounds.rounds_of(repeats) for j in jobs if (j.tag, r) in why]
     resumed = {j.tag for j in jobs if not any((j.tag, r) in why for r in rounds.rounds_of(repeats))}
     resume.retire_old_metrics(sweep_dir, todo)
+    if runs_locally(sweeper):  # Hydra runs each job in this process: it takes its plan, not checked again
+        by_tag = {j.tag: j for j in jobs}
+        for tag, r in todo:
+            expect_planned(rounds.unit_dir(sweep_dir, tag, r), Planned(tag, by_tag[tag].world_size))
     restore = interrupt.install() if runs_locally(sweeper) else (lambda: None)
     progress = status.begin([status.unit_label(tag, r) for tag, r in todo])
     crashed: dict[rounds.Unit, str] = {}
