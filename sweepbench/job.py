@@ -20,8 +20,8 @@ from sweepbench.core import JobOutcome
 from sweepbench.launch.local import launch_local
 from sweepbench.launch.preflight import job_backend, on_backend, validate
 from sweepbench.launch.rank import process_age_s
-from sweepbench.launch.slurm import in_rank_task, run_slurm_tasks
 from sweepbench.record.recorder import record_job
+from sweepbench.slurm.tasks import in_rank_task, run_slurm_tasks
 from sweepbench.sweep.tags import make_tag
 
 log = logging.getLogger(__name__)

@@ -149,7 +149,7 @@ def validate(cfg: DictConfig, *, here: bool = True) -> int:
 def cluster_note(cfg: DictConfig, gpus_per_node: int) -> str:
     """Why a job for a cluster whose request gives ``gpus_per_node`` GPUs per node could not run
     there ("" when it could): a GPU backend with no GPU requested. (Its placement is checked where
-    its request is computed: ``launch.slurm_request.job_request``.)"""
+    its request is computed: ``slurm.request.job_request``.)"""
     if cfg.backend.name in GPU_BACKENDS and not gpus_per_node:
         return (
             f"backend={cfg.backend.name} needs GPUs, but the launcher asks for none; set "
