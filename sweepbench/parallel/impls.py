@@ -36,7 +36,7 @@ class Transfer(Protocol):
 
 
 IMPLS: Registry[Any] = Registry("refit implementation")
-IMPLS.declare("sweepbench", f"{__package__}.native")
+IMPLS.declare("sweepbench", f"{__package__}.sweepbench_refit")
 IMPLS.declare("megatron", f"{__package__}.megatron_refit")
 
 # impl -> (module it imports, the command that installs it)

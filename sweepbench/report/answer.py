@@ -1,6 +1,6 @@
 """The sweep's answer: per benchmark, and per value of the scales it varied (sequence length,
 world size, ...) and per case, the configurations ranked by median per-iteration time, the
-runner-up against the winner, and whether the gap is real by compare's rule (``stats``).
+runner-up against the winner, and whether the gap is real by compare's rule (``verdicts``).
 
 Only ok jobs are ranked (the others are listed apart), only the cases their benchmark compares
 (``Benchmark.compared``: a one-rank collective moves no data), one group per world size, and a
@@ -46,7 +46,7 @@ class Ranking:
     group: str  # ``seq_len=16384`` ("" when no scale varies)
     case: str  # the case inside a job ("" when a job measures one case)
     entries: list[Entry]
-    verdict: Any = None  # stats.Verdict of the runner-up against the winner
+    verdict: Any = None  # verdicts.Verdict of the runner-up against the winner
     note: str = ""  # why there is no verdict
     p_level: float = 0.002
 
@@ -118,7 +118,7 @@ def _case_keys(jobs: Sequence[dict[str, Any]]) -> dict[int, list[tuple[tuple[str
 def _compare(ranking: Ranking, thresholds: Any) -> None:
     """compare's rule between the winner and the runner-up: on their rounds where the sweep ran
     rounds (``sweep.repeats``), else on their per-iteration samples."""
-    from sweepbench.report.stats import case_rounds, compare_rounds, compare_samples
+    from sweepbench.report.verdicts import case_rounds, compare_rounds, compare_samples
 
     if len(ranking.entries) < 2:
         return
@@ -148,7 +148,7 @@ NOT_ATTEMPTED = ("skipped", "not run")  # did not fit / a stop came first: liste
 
 
 def answer_benchmark(name: str, jobs: Sequence[dict[str, Any]], *, thresholds: Any = None) -> Answer:
-    from sweepbench.report.stats import Thresholds
+    from sweepbench.report.verdicts import Thresholds
 
     thresholds = thresholds or Thresholds()
     lay = layout(jobs)

@@ -18,7 +18,7 @@ COMMANDS = ("report", "compare")
 
 
 def _parser() -> argparse.ArgumentParser:
-    from sweepbench.report.stats import Thresholds
+    from sweepbench.report.verdicts import Thresholds
 
     d = Thresholds()
     parser = argparse.ArgumentParser(
@@ -129,7 +129,7 @@ def _report(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from sweepbench.report.compare import compare_sweeps, write_comparison
     from sweepbench.report.load import UNREADABLE, load_sweep
-    from sweepbench.report.stats import Thresholds
+    from sweepbench.report.verdicts import Thresholds
 
     thresholds = Thresholds(
         min_change=args.min_change,

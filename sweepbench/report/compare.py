@@ -1,5 +1,5 @@
 """``sweepbench compare BASELINE CANDIDATE``: join the jobs of two sweeps and give a verdict per job
-and case (see ``stats`` for the rule), written to compare.csv and compare.html.
+and case (see ``verdicts`` for the rule), written to compare.csv and compare.html.
 
 Jobs are joined by their resolved config without the keys that do not define the measurement
 (the output-only keys and ``fault``, so a job slowed down on purpose compares against its clean
@@ -7,8 +7,8 @@ twin), or by the config columns the user names (``--on parallelism,benchmark.str
 inside a joined pair are matched by their identity (``cases.case_identity``).
 
 A case both sides ran in rounds (``sweep.repeats``: its ``round_medians_s``) is judged on the
-rounds (``stats.compare_rounds``, basis ``rounds``); any other on the samples of one process
-(``stats.compare_samples``, basis ``samples``), and the output says that such a verdict does not
+rounds (``verdicts.compare_rounds``, basis ``rounds``); any other on the samples of one process
+(``verdicts.compare_samples``, basis ``samples``), and the output says that such a verdict does not
 cover the noise between processes.
 
 A comparison asks one question per case, often hundreds: at p < 0.01 each, an identical rerun of a
@@ -35,7 +35,7 @@ from sweepbench.record.atomic import write_atomic
 from sweepbench.report.cases import case_identity, case_labels
 from sweepbench.report.hooks import compared
 from sweepbench.report.load import Sweep
-from sweepbench.report.stats import (
+from sweepbench.report.verdicts import (
     DECIDED,
     Thresholds,
     Verdict,
@@ -50,7 +50,7 @@ from sweepbench.report.stats import (
 )
 
 # what a job's config holds that does not change what is measured
-# every verdict a row can have, in the order counts are shown: stats' five, then the job-level two
+# every verdict a row can have, in the order counts are shown: verdicts' five, then the job-level two
 VERDICTS = ("slower", "faster", "~", "unstable", "undecided", "unchanged", "failed", "not compared")
 NOT_MEASUREMENT = frozenset({"hydra", "wandb", "launch", "sweep", "fault", "store"})
 CSV_COLUMNS = (
@@ -161,7 +161,7 @@ class Comparison:
         return notes
 
     def decided(self) -> bool:
-        """Whether any case got a verdict that answers (``stats.DECIDED``)."""
+        """Whether any case got a verdict that answers (``verdicts.DECIDED``)."""
         return any(r["verdict"] in DECIDED for r in self.rows)
 
     def what_would_decide(self) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sweepbench.report.stats import Thresholds, bootstrap_ratio, compare_samples, cv, robust_noise, spread
+from sweepbench.report.verdicts import Thresholds, bootstrap_ratio, compare_samples, cv, robust_noise, spread
 
 
 def _sample(median: float, rel_noise: float, n: int = 30, seed: int = 0) -> list[float]:
@@ -100,7 +100,7 @@ def test_bad_thresholds_and_samples() -> None:
 
 
 def test_rounds_same_values_unchanged_and_doubling_slower() -> None:
-    from sweepbench.report.stats import compare_rounds
+    from sweepbench.report.verdicts import compare_rounds
 
     base = [1.00e-3, 1.05e-3, 0.97e-3]
     assert compare_rounds(base, [1.02e-3, 0.99e-3, 1.04e-3]).verdict == "unchanged"
@@ -112,7 +112,7 @@ def test_rounds_same_values_unchanged_and_doubling_slower() -> None:
 
 def test_rounds_spread_between_rounds_hides_a_shift_it_cannot_tell() -> None:
     """A 1.3x shift with rounds that spread by 1.5x each way: not a change the rounds can establish."""
-    from sweepbench.report.stats import compare_rounds
+    from sweepbench.report.verdicts import compare_rounds
 
     base = [1.0, 1.5, 0.67]
     v = compare_rounds(base, [1.3 * x for x in base])
@@ -123,7 +123,7 @@ def test_rounds_spread_between_rounds_hides_a_shift_it_cannot_tell() -> None:
 
 
 def test_rounds_too_few_is_undecided_and_bad_settings() -> None:
-    from sweepbench.report.stats import compare_rounds
+    from sweepbench.report.verdicts import compare_rounds
 
     v = compare_rounds([1.0, 1.1], [2.0, 2.1])
     assert v.verdict == "undecided" and v.n_baseline == 2 and v.ratio > 1.8

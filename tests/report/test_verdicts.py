@@ -30,7 +30,7 @@ TRAIN_LAYOUTS = ["benchmark=train", "model=tiny", "backend=gloo", "parallelism=t
 
 @pytest.mark.parametrize("name", ["refit", "attention", "train", "reshard"])
 def test_default_iterations_can_reach_the_rankings_level(compose: Callable[..., DictConfig], name: str) -> None:
-    from sweepbench.report.stats import Thresholds, floor_p, min_samples
+    from sweepbench.report.verdicts import Thresholds, floor_p, min_samples
 
     level = Thresholds().p_value
     assert min_samples(level) == 7 and floor_p(6, 6) >= level > floor_p(7, 7)  # 5 against 5: 0.0079
@@ -38,7 +38,7 @@ def test_default_iterations_can_reach_the_rankings_level(compose: Callable[..., 
 
 
 def test_a_clear_gap_is_called_with_enough_samples_and_explained_without() -> None:
-    from sweepbench.report.stats import compare_samples
+    from sweepbench.report.verdicts import compare_samples
 
     rng = np.random.default_rng(3)
     base = list(1e-3 * (1 + 0.02 * rng.standard_normal(10)))
