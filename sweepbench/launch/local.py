@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from sweepbench.core import JobOutcome
 from sweepbench.launch import preload
-from sweepbench.launch.rank_errors import clear_rank_errors, first_raised, has_record
+from sweepbench.launch.rank_errors import clear_rank_errors, exit_how, first_raised, has_record
 from sweepbench.record.atomic import read_json, temp_pattern
 
 POLL_S = 0.2
@@ -45,15 +45,6 @@ def clear_leftovers(job_dir: Path) -> None:
     for pattern in (".rank0_payload*.json", temp_pattern(".rank*.json")):
         for stale in job_dir.glob(pattern):
             stale.unlink(missing_ok=True)
-
-
-def _how(code: int) -> str:
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -111,8 +102,8 @@ def _failure(procs: list[subprocess.Popen], codes: list[int | None], job_dir: Pa
     died = [(rank, code) for rank, code in failed if not has_record(job_dir, rank)]
     if died:
         rank, code = died[0]
-        return f"rank {rank} died ({_how(code)})"
-    return first_raised(job_dir) or f"rank {failed[0][0]} died ({_how(failed[0][1])})"  # type: ignore[arg-type]
+        return f"rank {rank} died ({exit_how(code)})"
+    return first_raised(job_dir) or f"rank {failed[0][0]} died ({exit_how(failed[0][1])})"  # type: ignore[arg-type]
 
 
 def _show_progress(store: Any, status: Any) -> None:

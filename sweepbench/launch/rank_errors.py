@@ -4,6 +4,7 @@ report the earliest record as the job's error."""
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 import traceback
@@ -12,6 +13,16 @@ from pathlib import Path
 from sweepbench.record.atomic import read_json, write_json_atomic
 
 PATTERN = ".rank*_error.json"
+
+
+def exit_how(code: int) -> str:
+    """How a rank's process ended, from its return code: ``exit code 3``, ``signal SIGKILL``."""
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
 
 
 def last_line(text: str) -> str:

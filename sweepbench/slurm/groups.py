@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from sweepbench.launch.rank_errors import exit_how
 from sweepbench.record.atomic import read_json, write_json_atomic
 from sweepbench.slurm.tasks import GROUP_SLOT
 
@@ -183,15 +184,6 @@ class GroupOutcome:
     how: str
 
 
-def _exit_words(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
 def group_outcome(job_dir: Path) -> GroupOutcome | None:
     """How a job of a group ended badly, per its tasks' notes; None without notes (it never ran)."""
     notes = [
@@ -206,7 +198,7 @@ def group_outcome(job_dir: Path) -> GroupOutcome | None:
         )
     for n in notes:
         if n.get("exit_code") and n.get("stopped_for_peer") is None:
-            return GroupOutcome("failed", f"{where}: rank {n['rank']}'s process {_exit_words(n['exit_code'])}")
+            return GroupOutcome("failed", f"{where}: rank {n['rank']}'s process ended ({exit_how(n['exit_code'])})")
     return None
 
 

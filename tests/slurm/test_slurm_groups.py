@@ -75,7 +75,7 @@ def test_groups_share_allocations_and_a_crash_fails_alone(grouped: SweepRun, slu
         ok, crashed = grouped.metrics(tags[(iters, "none")]), grouped.metrics(tags[(iters, "exit")])
         assert ok["status"] == "ok" and ok["verified"] and table.loc[tags[(iters, "none")], "status"] == "ok"
         assert crashed["status"] == "failed", crashed["error"]
-        assert "rank 1's process exited with code 3" in crashed["error"], crashed["error"]
+        assert "rank 1's process ended (exit code 3)" in crashed["error"], crashed["error"]
         assert table.loc[tags[(iters, "exit")], "status"] == "failed"
         assert crashed["error"] == table.loc[tags[(iters, "exit")], "error"]
         # each job its own rendezvous port, though both ran in one allocation
