@@ -55,8 +55,11 @@ def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = ".".join(package[: len(package) - node.level + 1] + [node.module or ""]).strip(".") \
-                if node.level else node.module or ""
+            base = (
+                ".".join(package[: len(package) - node.level + 1] + [node.module or ""]).strip(".")
+                if node.level
+                else node.module or ""
+            )
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
         else:
             continue
@@ -68,8 +71,12 @@ def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
 
 def layer_of(name: str) -> int:
     """The layer's index, -1 for a module no layer names."""
-    matches = [prefix for layer in LAYERS for prefix in layer
-               if name == prefix or (prefix not in ROOT_PACKAGES and name.startswith(prefix + "."))]
+    matches = [
+        prefix
+        for layer in LAYERS
+        for prefix in layer
+        if name == prefix or (prefix not in ROOT_PACKAGES and name.startswith(prefix + "."))
+    ]
     if not matches:
         return -1
     best = max(matches, key=len)
@@ -91,9 +98,12 @@ def test_a_module_no_layer_names_is_caught() -> None:
 
 
 def test_imports_point_down() -> None:
-    upward = [f"{a} (layer {LAYERS[layer_of(a)][0]}) imports {b} (layer {LAYERS[layer_of(b)][0]})"
-              for a, targets in graph().items() for b in sorted(targets)
-              if layer_of(b) < layer_of(a)]
+    upward = [
+        f"{a} (layer {LAYERS[layer_of(a)][0]}) imports {b} (layer {LAYERS[layer_of(b)][0]})"
+        for a, targets in graph().items()
+        for b in sorted(targets)
+        if layer_of(b) < layer_of(a)
+    ]
     assert not upward, "upward imports:\n" + "\n".join(upward)
 
 
@@ -110,7 +120,7 @@ def find_circle(g: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(g.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (circle := visit(nxt)):
                 return circle
         path.pop()
@@ -134,3 +144,17 @@ def test_the_checks_catch_what_they_guard() -> None:
     assert find_circle({"a": {"b"}, "b": set()}) is None
     assert layer_of("sweepbench.parallel.comm") > layer_of("sweepbench.benchmarks.refit")
     assert layer_of("sweepbench.core") == len(LAYERS) - 1
+
+
+def test_the_drawing_of_the_house_is_current() -> None:
+    """docs/house.md (bench/house_graph.py) draws what the imports are now, so a move shows there."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "bench/house_graph.py", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    drawn = (ROOT / "docs" / "house.md").read_text()
+    assert '["sweepbench.report"]' in drawn and '["sweepbench.benchmarks"]' in drawn
+    assert drawn.index('["sweepbench.report"]') < drawn.index('["sweepbench.benchmarks"]')  # report above plugins
