@@ -8,11 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sweepbench.attention.dilated import Branch, branches_of
-
 if TYPE_CHECKING:
     import torch
 
+    from sweepbench.attention.dilated import Branch
     from sweepbench.attention.registry import ImplSpec
     from sweepbench.attention.scaling import Shape
 
@@ -50,6 +49,8 @@ class AttentionCase:
 
     @property
     def branches(self) -> tuple[Branch, ...]:
+        from sweepbench.attention.dilated import branches_of  # torch: not on the driver's path
+
         return branches_of(self.segment_lengths, self.dilation_rates)
 
 
