@@ -8,7 +8,7 @@ Each reads the job's typed config (``train.config.TrainJob``)."""
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sweepbench.train.config import TrainJob, TrainKnobs
@@ -46,6 +46,10 @@ class TrainPlan:
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+    def single_device(self) -> TrainPlan:
+        """The same batch on one device, no layout: the reference a job is verified against."""
+        return replace(self, tp=1, pp=1, dp=1, cp=1, stages_per_rank=1)
 
     @property
     def local_batch(self) -> int:
@@ -154,17 +158,7 @@ def rank_bytes(job: TrainJob, *, device_bytes: int | None = None) -> int:
     plan, shape = build_plan(job), Shape.of(job.model)
     k = job.knobs
     lora = k.lora_rank
-    single = TrainPlan(
-        tp=1,
-        pp=1,
-        dp=1,
-        cp=1,
-        seq_len=plan.seq_len,
-        micro_batch=plan.micro_batch,
-        global_batch=plan.global_batch,
-        precision=plan.precision,
-        stages_per_rank=1,
-    )
+    single = plan.single_device()
     depth = k.verify_layers or shape.num_layers
     if (
         not k.verify_layers

@@ -118,17 +118,7 @@ def run_training(job: TrainJob, *, rank: int, device: torch.device, job_dir: Pat
     # verified before any time counts
     depth = verify_depth(shape, plan, device=device, lora_rank=opts.lora_rank, forced=k.verify_layers)
     vshape = Shape.of(job.model, num_layers=depth)
-    single = TrainPlan(
-        tp=1,
-        pp=1,
-        dp=1,
-        cp=1,
-        seq_len=plan.seq_len,
-        micro_batch=plan.micro_batch,
-        global_batch=plan.global_batch,
-        precision=plan.precision,
-        stages_per_rank=1,
-    )
+    single = plan.single_device()
     reference = run_reference(
         lambda: build_reference(vshape, single, opts, device=device, batches=batches), batches.full, k.verify_steps
     )
