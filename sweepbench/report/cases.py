@@ -14,6 +14,9 @@ from sweepbench.draw.units import format_bytes
 # scalar fields that vary between runs of one case, or that are settings rather than identity
 # (samples_recorded: how many samples a case held before a report thinned them, report.load)
 _NOT_IDENTITY = frozenset({"warmup", "iters", "verified", "plan_digest", "routes", "samples_recorded"})
+# where a case's baseline came from (measured by this job, or reused from the store) is not what the
+# case is: a sweep with a cold store and its rerun with a warm one compare case by case
+_PROVENANCE = frozenset({"t1_reused", "reference_reused", "total_from"})
 
 
 def case_identity(case: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -24,7 +27,11 @@ def case_identity(case: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
         sorted(
             (k, v)
             for k, v in case.items()
-            if k not in _NOT_IDENTITY and isinstance(v, (str, int, bool)) and not isinstance(v, float)
+            if k not in _NOT_IDENTITY
+            and k not in _PROVENANCE
+            and not k.endswith("_note")  # prose about a field, which may be reworded between versions
+            and isinstance(v, (str, int, bool))
+            and not isinstance(v, float)
         )
     )
 

@@ -275,3 +275,19 @@ def test_the_prune_rule_needs_the_factor_and_separated_samples() -> None:
                       "b": {"pruned": "left out at this length: at 16 tokens its median 3 s was 3.00x the best's"}}}
     why = prune(carried, seq_len=64, candidates=["a", "b", "c"], factor=2.0)
     assert set(why) == {"b"} and why["b"].startswith("left out since 32 tokens, where it was left out at this length: at 16")
+
+
+def test_a_cold_store_sweep_and_its_warm_rerun_compare_case_by_case(stored: tuple[Path, Any, Any]) -> None:
+    """Where T1 came from (measured, or reused from the store) is not part of what a case is: the
+    first sweep (one job measured T1) and the second (both reused it) are compared case by case."""
+    import csv
+    import subprocess
+    import sys
+
+    _, first, second = stored
+    proc = subprocess.run([sys.executable, "-m", "sweepbench", "compare", str(first.sweep_dir), str(second.sweep_dir)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open(second.sweep_dir / "compare.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 2 and all(r["verdict"] != "not compared" for r in rows), rows
