@@ -116,7 +116,7 @@ def main() -> int:
                 tar.add(log, arcname=f"logs/{log.name}")
     print(
         f"{len(cases) - len(failed) - len(not_run)} passed, {len(failed)} failed"
-        + (f", {len(not_run)} skipped" if not_run else "")
+        + (f", {len(not_run)} not run: {' '.join(not_run)}" if not_run else "")
     )
     return 1 if failed else 0
 
