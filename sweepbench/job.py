@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from sweepbench.core import JobOutcome
@@ -37,7 +38,7 @@ def job_overrides() -> list[str]:
 def sweep_group() -> str:
     """The wandb group: the sweep directory in a multirun, ``run`` for a single run."""
     hc = HydraConfig.get()
-    return str(hc.sweep.dir) if hc.mode.name == "MULTIRUN" else "run"
+    return str(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else "run"
 
 
 def run_local(cfg: DictConfig, *, world_size: int, job_dir: Path, record: Record) -> dict[str, Any]:

@@ -6,23 +6,24 @@ import importlib
 import pkgutil
 from typing import Callable, TypeVar
 
+from sweepbench.benchmarks.base import Benchmark
 from sweepbench.config.store import store_benchmark_schema
 from sweepbench.core import Registry
 
-_BENCHMARKS: Registry[type] = Registry("benchmark")
-B = TypeVar("B", bound=type)
+_BENCHMARKS: Registry[type[Benchmark]] = Registry("benchmark")
+B = TypeVar("B", bound=type[Benchmark])
 
 
 def register(name: str) -> Callable[[B], B]:
     def wrap(cls: B) -> B:
         _BENCHMARKS.add(name, cls)
-        store_benchmark_schema(name, cls.schema)  # type: ignore[attr-defined]
+        store_benchmark_schema(name, cls.schema)
         return cls
 
     return wrap
 
 
-def get_benchmark(name: str) -> type:
+def get_benchmark(name: str) -> type[Benchmark]:
     load_all()
     return _BENCHMARKS.get(name)
 

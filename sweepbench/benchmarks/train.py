@@ -38,7 +38,7 @@ def build_job(cfg: DictConfig) -> TrainJob:
     """The train engine's config of this job, built once: each knob cast to its declared type, the
     model read as every engine reads it, the layout's degrees."""
     b, p = cfg.benchmark, cfg.parallelism
-    knobs = TrainKnobs(**{f.name: _CASTS[f.type](b[f.name]) for f in fields(TrainKnobs)})
+    knobs = TrainKnobs(**{f.name: _CASTS[str(f.type)](b[f.name]) for f in fields(TrainKnobs)})
     return TrainJob(
         knobs=knobs,
         warmup=int(b.warmup),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from typing import Callable
+from typing import Callable, Protocol
 
 from omegaconf import DictConfig
 
@@ -145,7 +145,20 @@ def _check_model(cfg: DictConfig) -> None:
         raise ValueError(f"model.moe_top_k={m.moe_top_k} must be in 1..num_experts={m.num_experts} for an MoE model")
 
 
-def check_layout(model: DictConfig, par: DictConfig, *, where: str = "parallelism") -> None:
+class Degrees(Protocol):
+    """A layout's degrees as check_layout reads them (a parallelism node, or a layout string's NamedLayout)."""
+
+    @property
+    def tp(self) -> int: ...
+    @property
+    def pp(self) -> int: ...
+    @property
+    def ep(self) -> int: ...
+    @property
+    def cp(self) -> int: ...
+
+
+def check_layout(model: DictConfig, par: DictConfig | Degrees, *, where: str = "parallelism") -> None:
     """Can this model be laid out with these degrees? (Used for every layout a job holds.)"""
     divisible = {
         "num_heads": model.num_heads,

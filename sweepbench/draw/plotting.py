@@ -232,6 +232,7 @@ def heatmap(
     ax.set_yticks(range(len(rows)), list(rows), fontsize="small")
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     bar = fig.colorbar(image, ax=ax, label=cbar_label)
+    assert bar.solids is not None  # a colorbar of a mappable draws its solids
     bar.solids.set_rasterized(False)  # vector, like the rest of the page (no embedded PNG)
     return fig
 

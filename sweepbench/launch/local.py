@@ -103,7 +103,7 @@ def _failure(procs: list[subprocess.Popen], codes: list[int | None], job_dir: Pa
     if died:
         rank, code = died[0]
         return f"rank {rank} died ({exit_how(code)})"
-    return first_raised(job_dir) or f"rank {failed[0][0]} died ({exit_how(failed[0][1])})"  # type: ignore[arg-type]
+    return first_raised(job_dir) or f"rank {failed[0][0]} died ({exit_how(failed[0][1])})"
 
 
 def _show_progress(store: Any, status: Any) -> None:

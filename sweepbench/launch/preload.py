@@ -141,7 +141,8 @@ class KeptRank(ForkedRank):
 
     def __init__(self, worker: _Worker, index: int) -> None:
         super().__init__(worker.proc)
-        self.worker, self.index, self.code = worker, index, None
+        self.worker, self.index = worker, index
+        self.code: int | None = None
 
     def poll(self) -> int | None:
         if self.code is None:

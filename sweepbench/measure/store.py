@@ -240,7 +240,7 @@ class Entry:
 
 def all_entries(root: Path) -> list[dict[str, Any]]:
     """Every entry under ``root``: {"path", "kind", "bytes", "mtime", "meta" (None: unreadable)}."""
-    found = []
+    found: list[dict[str, Any]] = []
     if not root.is_dir():
         return found
     for kind in sorted(p for p in root.iterdir() if p.is_dir()):

@@ -22,7 +22,7 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 from omegaconf import DictConfig
 
@@ -164,7 +164,7 @@ class WandbRun(NullRun):
         import wandb
 
         columns, rows = cases_table(cases)
-        table = wandb.Table(columns=columns, data=rows)
+        table = wandb.Table(columns=cast("list[str | int]", columns), data=rows)
         out: dict[str, Any] = {"cases": table}
         for chart in CHARTS:
             if chart.x in columns and chart.y in columns:
@@ -288,12 +288,12 @@ def log_ranking(
             name=RANKING_RUN,
             job_type="ranking",
             dir=str(job_dir),
-            mode=mode,
+            mode=cast(Literal["online", "offline", "disabled", "shared"], mode),  # wandb.init checks the name
             reinit="create_new",
             settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
         )
         try:
-            run.log({RANKING_RUN: wandb.Table(columns=columns, data=rows)})
+            run.log({RANKING_RUN: wandb.Table(columns=cast("list[str | int]", columns), data=rows)})
         finally:
             run.finish()
         return str(Path(run.dir).parent)

@@ -5,8 +5,11 @@ views. Nothing here runs on a rank.
 The package import stays light (the CLI imports it before deciding whether Hydra runs):
 import the modules you need (``sweepbench.report.page``, ``.compare``)."""
 
+from pathlib import Path
+from typing import Any
 
-def write_sweep_report(sweep_dir, **made):  # type: ignore[no-untyped-def]
+
+def write_sweep_report(sweep_dir: str | Path, **made: Any) -> Path:
     """``<sweep>/report.html``; see ``sweepbench.report.page.write_sweep_report``."""
     from sweepbench.report.page import write_sweep_report as write
 

@@ -126,6 +126,7 @@ def _compare(ranking: Ranking, thresholds: Any) -> None:
     rounds = [[r / e.work for r in case_rounds(e.case or {}) or []] for e in (winner, runner)]
     try:
         if all(rounds):
+            assert winner.case is not None and runner.case is not None  # their rounds came from them
             ranking.verdict = compare_rounds(
                 rounds[0],
                 rounds[1],
@@ -181,13 +182,13 @@ def answer_benchmark(name: str, jobs: Sequence[dict[str, Any]], *, thresholds: A
         )
         if len(backends) > 1:
             group = ", ".join(filter(None, [group, f"ran on {job.get('backend')}"]))
-        for case, key in zip(job["results"].get("cases", []), keys[id(job)]):
+        for case, case_key in zip(job["results"].get("cases", []), keys[id(job)]):
             times = [float(t) for t in case.get("times_s") or []]
             if not times or not compared(job, case):
                 continue
             work, unit = work_per_step(job, case) or (1.0, "")
             times = [t / work for t in times]
-            case_label = " ".join(_show(k, v) for k, v in key)
+            case_label = " ".join(_show(k, v) for k, v in case_key)
             ranking = groups.setdefault(
                 (group, case_label), Ranking(name, group, case_label, [], p_level=thresholds.p_value)
             )

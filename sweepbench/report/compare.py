@@ -238,10 +238,10 @@ def _job_rows(base: dict[str, Any], cand: dict[str, Any], th: Thresholds) -> lis
                 }
             )
             continue
-        if case_rounds(twin) and case_rounds(case):
+        if (twin_rounds := case_rounds(twin)) and (own_rounds := case_rounds(case)):
             v = compare_rounds(
-                case_rounds(twin),
-                case_rounds(case),
+                twin_rounds,
+                own_rounds,
                 th,
                 prior_variance=prior,
                 medians=(twin["round_medians_s"], case["round_medians_s"]),
@@ -275,9 +275,9 @@ def _job_prior(pairs: list[tuple[dict[str, Any] | None, dict[str, Any]]]) -> flo
     """The job's typical between-round variance (logs): the median over its cases with rounds
     (the rounds of one launch share its placement and load, so its cases vary alike)."""
     variances = [
-        log_variance(case_rounds(b), case_rounds(c))[0]
-        for b, c in pairs  # type: ignore[arg-type]
-        if b is not None and case_rounds(b) and case_rounds(c)
+        log_variance(b_rounds, c_rounds)[0]
+        for b, c in pairs
+        if b is not None and (b_rounds := case_rounds(b)) and (c_rounds := case_rounds(c))
     ]
     variances = [v for v in variances if v == v]  # drop NaN (a side with one round)
     # a typical case needs cases to be typical of: a job of a few cases is judged case by case
@@ -298,13 +298,13 @@ def compare_sweeps(
         pairs.append((base_index[key], cand))
         rows.extend(_job_rows(base_index[key], cand, thresholds))
     _control_false_discoveries(rows, thresholds)
-    spans = (_when([b for b, _ in pairs]), _when([c for _, c in pairs]))
+    base_span, cand_span = _when([b for b, _ in pairs]), _when([c for _, c in pairs])
     return Comparison(
         rows,
         unmatched,
         unjudged=_unjudged(base_index, cand_index, rows, shared=bool(pairs)),
-        spans=spans if all(spans) else None,
-    )  # type: ignore[arg-type]
+        spans=(base_span, cand_span) if base_span and cand_span else None,
+    )
 
 
 def _said(job: dict[str, Any]) -> str:

@@ -277,7 +277,7 @@ def _load_jobs_file(path: Path) -> Sweep:
     jobs = []
     for i, record in enumerate(data["jobs"]):
         problem = record_problem(record)
-        tag = record.get("tag") if isinstance(record, dict) and isinstance(record.get("tag"), str) else f"job {i + 1}"
+        tag = record["tag"] if isinstance(record, dict) and isinstance(record.get("tag"), str) else f"job {i + 1}"
         jobs.append(unreadable_job(tag, path, f"{tag}: {problem}") if problem else thin_samples(record))
     if all(j.get("status") == UNREADABLE for j in jobs):
         raise ValueError(f"no job of {path} can be read: {jobs[0]['error']}")

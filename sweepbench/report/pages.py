@@ -317,6 +317,8 @@ def add_run(sweep: Path, root: Path, name: str, *, command: str = "") -> Path:
     if not jobs:
         raise ValueError(f"{sweep}: no metrics.json under it; valid: a sweep directory whose jobs ran")
     spec = get_benchmark(m["benchmark"]).page()
+    if spec is None:
+        raise ValueError(f"{m['benchmark']} has no results pages (its Benchmark.page() is None): no raw run to keep")
     rows, env = [], None
     tmp = root / "runs" / f".{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -69,8 +69,8 @@ def axis_figures(jobs: Sequence[dict[str, Any]], hooks: Any) -> list[tuple[str, 
     figs = []
     for key, name, way in _metrics(ok, hooks):
         scale, name = _in_ms(key, name)
-        values = [(j, (j["results"].get("summary") or {}).get(key)) for j in ok]
-        values = [(j, scale * v) for j, v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+        raw = [(j, (j["results"].get("summary") or {}).get(key)) for j in ok]
+        values = [(j, scale * v) for j, v in raw if isinstance(v, (int, float)) and math.isfinite(v)]
         if not values:
             continue
         note = f"{way} is better"

@@ -150,7 +150,7 @@ def build_workspace(sweep: Sweep, *, entity: str, project: str, baseline: str | 
 
 
 def _project(sweep: Sweep) -> tuple[str | None, str]:
-    cfg = next((j["config"] for j in sweep.jobs if j.get("config")), {})
+    cfg: dict[str, Any] = next((j["config"] for j in sweep.jobs if j.get("config")), {})
     w = cfg.get("wandb") or {}
     return w.get("entity"), w.get("project") or "sweepbench"
 
@@ -181,6 +181,7 @@ def publish_workspace(sweep: Sweep, *, baseline: str | None = None) -> int:
         )
         return 0
     entity = entity or api.default_entity
+    assert entity is not None, "wandb knows no default entity of this login"  # a logged-in user has one
     view = build_workspace(sweep, entity=entity, project=project, baseline=baseline).save()
     print(f"sweepbench: workspace view saved: {view.url}")
     return 0

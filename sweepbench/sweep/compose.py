@@ -12,7 +12,7 @@ choices, since the job config drops that node."""
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from typing import Any, cast
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -54,7 +54,7 @@ class JobComposer:
 
     def compose(self, overrides: list[str]) -> DictConfig:
         parsed = [self._parse(line) for line in overrides]
-        groups = [o.input_line for o, group in parsed if group]
+        groups = [cast(str, o.input_line) for o, group in parsed if group]  # the parsed line, always set
         values = [o for o, group in parsed if not group]
         cfg = self.base(groups)
         ConfigLoaderImpl._apply_overrides_to_config(values, cfg)

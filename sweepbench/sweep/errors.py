@@ -40,7 +40,7 @@ def _schema_keys() -> dict[str, list[str]]:
     from sweepbench.config import schema
 
     load_all()
-    classes = [c for c in vars(schema).values() if dataclasses.is_dataclass(c)]
+    classes = [c for c in vars(schema).values() if isinstance(c, type) and dataclasses.is_dataclass(c)]
     classes += [b.schema for b in _BENCHMARKS.values()]
     return {c.__name__: [f.name for f in dataclasses.fields(c)] for c in classes}
 

@@ -22,7 +22,7 @@ import logging
 import math
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, cast
 
 from rich.console import Console
 from rich.markup import escape
@@ -118,7 +118,7 @@ def _fmt(value: Any) -> str:
 
 def _headlines(records: SweepRecords, row: dict[str, Any]) -> list[tuple[str, str]]:
     """(key, label) of the job's headline columns, from its benchmark's hook and its config."""
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
     from sweepbench.benchmarks.registry import get_benchmark
 
@@ -127,7 +127,8 @@ def _headlines(records: SweepRecords, row: dict[str, Any]) -> list[tuple[str, st
         return []
     try:
         bench = get_benchmark(str(row.get("benchmark")))
-        return [(h.key, h.label) for h in bench.headline(OmegaConf.create(metrics["config"]))]
+        cfg = cast(DictConfig, OmegaConf.create(metrics["config"]))  # made from a dict
+        return [(h.key, h.label) for h in bench.headline(cfg)]
     except Exception:  # a job of a benchmark this version no longer has, or an odd config
         return []
 

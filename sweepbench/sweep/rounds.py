@@ -106,10 +106,10 @@ def combine_rounds(records: list[dict[str, Any] | None], *, crashed: dict[int, s
         }
     )
     combined["measuring_fraction"] = combined["timed_s"] / combined["wall_time_s"] if combined["wall_time_s"] else None
-    phases = [m.get("wall_phases_s") for m in present]
+    phases = [p for p in (m.get("wall_phases_s") for m in present) if isinstance(p, dict)]
     combined["wall_phases_s"] = (
         {k: sum(p[k] for p in phases) for k in phases[0] if all(k in p for p in phases)}
-        if phases and all(isinstance(p, dict) for p in phases)
+        if phases and len(phases) == len(present)
         else None
     )
     if bad is None:

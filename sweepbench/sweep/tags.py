@@ -18,7 +18,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -45,7 +45,7 @@ def tagged_config(cfg: DictConfig) -> dict[str, Any]:
     """The resolved config a tag identifies: everything but the output-only keys."""
     container = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(container, dict)
-    return tagged_container(container)
+    return tagged_container(cast(dict[str, Any], container))  # a config's keys are strings
 
 
 def hash_of(tagged: dict[str, Any]) -> str:
