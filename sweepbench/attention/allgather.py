@@ -41,14 +41,14 @@ def _blocks(opt: AllGatherOptions, local_len: int) -> list[Block]:
 
 class AllGatherAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, opt: AllGatherOptions):  # type: ignore[override]
+    def forward(ctx, q, k, v, opt: AllGatherOptions):
         kv = gather_sequence(opt.comm, torch.stack([k, v]), dim=3, placement=opt.placement)
         out, lse = new_accumulators(q)
         aux = attend(opt.backend, q, kv[0], kv[1], _blocks(opt, q.shape[2]), scale=opt.scale, out=out, lse=lse)
         return stash(ctx, q, k, v, out, lse, (opt, aux))
 
     @staticmethod
-    def backward(ctx, dout):  # type: ignore[override]
+    def backward(ctx, dout):
         q, k, v, out, lse, (opt, aux) = unstash(ctx)
         kv = gather_sequence(opt.comm, torch.stack([k, v]), dim=3, placement=opt.placement)
         dq = torch.zeros_like(q, dtype=torch.float32)

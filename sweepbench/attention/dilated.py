@@ -210,9 +210,9 @@ def _plan(
         groups.append(_Local(m, seg.shape[0], slice(at, at + flat.numel())))
         parts.append(flat)
         at += flat.numel()
-    for br, kind, cov, idx in longs:
-        flat = (row0[:, :, None] + (idx + head0)[None]).reshape(-1)
-        plans.append(_Long(br, kind, cov, idx.shape[1], slice(at, at + flat.numel())))
+    for br, kind, cov, long_idx in longs:
+        flat = (row0[:, :, None] + (long_idx + head0)[None]).reshape(-1)
+        plans.append(_Long(br, kind, cov, long_idx.shape[1], slice(at, at + flat.numel())))
         parts.append(flat)
         at += flat.numel()
     return _Plan(tuple(groups), tuple(plans), torch.cat(parts).to(device))
@@ -239,7 +239,7 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
 
 class DilatedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, opt: DilatedOptions):  # type: ignore[override]
+    def forward(ctx, q, k, v, opt: DilatedOptions):
         b, h, n, d = q.shape
         plan = _plan(
             opt.branches,
@@ -336,7 +336,7 @@ class DilatedAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, dout):  # type: ignore[override]
+    def backward(ctx, dout):
         sel, out, lse = ctx.saved_tensors
         opt, plan, auxes, received = ctx.meta
         b, h, n, d = out.shape
@@ -354,7 +354,7 @@ class DilatedAttention(torch.autograd.Function):
             acc = torch.empty((3, b, h, lg.n, d), dtype=torch.float32, device=out.device)
             if lg.kind == "covering":
                 sends, dqs = [], []
-                for src, kv, a in zip(lg.cover.srcs, got, aux[1:]):  # type: ignore[union-attr]
+                for src, kv, a in zip(lg.cover.srcs, got, aux[1:]):
                     gq, gk, gv = be.backward(
                         rows_in(be, dos),
                         rows_in(be, qs),
@@ -368,8 +368,8 @@ class DilatedAttention(torch.autograd.Function):
                     )
                     dqs.append(gq)
                     sends.append((src, torch.stack([gk, gv], out=torch.empty_like(acc[1:]))))
-                back = [torch.empty_like(acc[1:]) for _ in lg.cover.dsts]  # type: ignore[union-attr]
-                pending = opt.comm.send_recv(sends, list(zip(lg.cover.dsts, back)))  # type: ignore[union-attr]
+                back = [torch.empty_like(acc[1:]) for _ in lg.cover.dsts]
+                pending = opt.comm.send_recv(sends, list(zip(lg.cover.dsts, back)))
                 gq, gk, gv = be.backward(
                     rows_in(be, dos),
                     rows_in(be, qs),

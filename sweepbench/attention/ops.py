@@ -312,7 +312,7 @@ class LocalAttention(torch.autograd.Function):
     and gradients are the kernels' own tensors (see ``accum``)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, backend: SdpaBackend, blocks: tuple[Block, ...], scale: float):  # type: ignore[override]
+    def forward(ctx, q, k, v, backend: SdpaBackend, blocks: tuple[Block, ...], scale: float):
         merged, aux = Merged(q), ()
         for i, b in enumerate(blocks):
             o, lse, aux = backend.forward(
@@ -326,7 +326,7 @@ class LocalAttention(torch.autograd.Function):
         return stash(ctx, q, k, v, *merged.result(), (backend, blocks, scale, aux))
 
     @staticmethod
-    def backward(ctx, dout):  # type: ignore[override]
+    def backward(ctx, dout):
         q, k, v, out, lse, (backend, blocks, scale, aux) = unstash(ctx)
         dout = dout.contiguous()
         sums = [RowSum(x.shape, device=x.device) for x in (q, k, v)]

@@ -67,4 +67,4 @@ def math_dilated_attention(
         covered |= mask.any(-1)
     lse_all = torch.logsumexp(torch.stack(lses), dim=0)
     out = sum(torch.exp(lb - lse_all)[..., None] * ob for ob, lb in zip(outs, lses))
-    return (out * covered[None, :, :, None]).to(q.dtype)  # type: ignore[union-attr]
+    return (out * covered[None, :, :, None]).to(q.dtype)

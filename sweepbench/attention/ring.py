@@ -114,7 +114,7 @@ def _empty(like: KV) -> KV:
 
 class RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, opt: RingOptions):  # type: ignore[override]
+    def forward(ctx, q, k, v, opt: RingOptions):
         schedule = SCHEDULES[opt.placement]
         w, r, n = opt.comm.size, opt.comm.rank, q.shape[2]
         cur, spare = (k, v), None
@@ -142,7 +142,7 @@ class RingAttention(torch.autograd.Function):
         return stash(ctx, q, k, v, *merged.result(), (opt, aux, kept))
 
     @staticmethod
-    def backward(ctx, dout):  # type: ignore[override]
+    def backward(ctx, dout):
         q, k, v, out, lse, (opt, aux, kept) = unstash(ctx)
         schedule = SCHEDULES[opt.placement]
         w, r, n = opt.comm.size, opt.comm.rank, q.shape[2]

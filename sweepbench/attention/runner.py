@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 import torch
 import torch.distributed as dist
@@ -240,7 +240,8 @@ class ImplRun:
             out = out.detach()
         sent["sent_bytes"] = self.comm.traffic.sent_bytes
         _sync(self.device)
-        return ([out, *(x.grad for x in self.leaves)] if self.case.backward else [out]), sent
+        grads = (cast(torch.Tensor, x.grad) for x in self.leaves)  # set by the backward
+        return ([out, *grads] if self.case.backward else [out]), sent
 
 
 def check(run: ImplRun, got: list[torch.Tensor], reference: list[torch.Tensor] | None) -> None:
@@ -248,10 +249,13 @@ def check(run: ImplRun, got: list[torch.Tensor], reference: list[torch.Tensor] |
     on rank 0; every rank raises ``VerificationError`` on a mismatch."""
     c, w = run.case, run.world_size
     errors = []
-    for name, x, want in zip(("out", "dq", "dk", "dv"), got, reference or [None] * len(got)):
+    wants: list[torch.Tensor | None] = list(reference) if reference else [None] * len(got)
+    for name, x, want in zip(("out", "dq", "dk", "dv"), got, wants):
         whole = unshard_sequence(list(run.comm.all_gather(x)), dim=2, world_size=w, placement=run.schedule.placement)
-        if run.rank == 0 and (e := mismatch(name, whole, want)):
-            errors.append(e)
+        if run.rank == 0:
+            assert want is not None  # rank 0 holds the reference
+            if e := mismatch(name, whole, want):
+                errors.append(e)
         del whole
     errors = _broadcast(errors)
     if errors:

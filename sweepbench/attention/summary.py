@@ -116,7 +116,7 @@ def report_case(r: CaseResult) -> tuple[dict[str, Any], dict[str, Any]]:
         summary["bwd_median_ms"] = stats["bwd"]["median_s"] * 1e3
     if exposed is not None:
         summary["exposed_comm_fraction"] = case["exposed_comm_fraction"]
-    if case["efficiency_local"] is not None:
+    if base.local_s is not None:  # then case["efficiency_local"] is measured too
         summary["t1_local_ms"], summary["efficiency_local"] = base.local_s * 1e3, case["efficiency_local"]
     if spec.own_comm:
         summary["sent_bytes"] = case["sent_bytes"]

@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     import torch
@@ -152,14 +152,16 @@ def t1_and_reference(
 
     from sweepbench.attention.t1_store import prune, t1_entry
 
-    t1, reference, source = None, None, {"reused": False, "measured": None}
+    t1: dict[str, Any] | None = None
+    reference: list[torch.Tensor] | None = None
+    source: dict[str, Any] = {"reused": False, "measured": None}
     if rank == 0:
         device = inputs[0].device
         key = _t1_key(case, candidates, fault, device)
         with t1_entry(store, key) as entry:
             t1 = entry.t1() if entry else None
             q, k, v, _ = inputs  # the reference: out and dq shaped as q, dk and dv as k and v
-            reference = entry.reference(device, like=[q, q, k, v] if case.backward else [q]) if t1 else None
+            reference = entry.reference(device, like=[q, q, k, v] if case.backward else [q]) if entry and t1 else None
             reused = reference is not None
             if not reused:
                 with t1_entry(store, _ranking_key(key)) as ranking:
@@ -179,6 +181,7 @@ def t1_and_reference(
                 )
                 if ranking is not None:
                     with t1_entry(store, _ranking_key(key)) as ranking:
+                        assert ranking is not None  # the store that gave it the first time
                         lengths = ranking.value("lengths")
                         lengths = dict(lengths) if isinstance(lengths, dict) else {}
                         lengths[str(case.seq_len)] = {
@@ -190,6 +193,7 @@ def t1_and_reference(
     box = [(t1, source)]
     torch.distributed.broadcast_object_list(box, src=0)
     t1, source = box[0]
+    assert t1 is not None  # rank 0's, measured or reused
     if not t1["stats"]:
         raise RuntimeError(
             f"the whole sequence does not run on one device with any SDPA backend, so there is "
@@ -337,7 +341,8 @@ def _fwd_bwd(
     out = single_device(*leaves, backend=backend, causal=case.causal, pattern=case.pattern, branches=branches)
     if case.backward:
         out.backward(dout)
-    return [out.detach(), *(x.grad for x in leaves)] if case.backward else [out.detach()]
+    grads = (cast("torch.Tensor", x.grad) for x in leaves)  # set by the backward
+    return [out.detach(), *grads] if case.backward else [out.detach()]
 
 
 def _say(kind: str, name: str, value: Any) -> None:

@@ -32,7 +32,9 @@ def torch_cp_context(
     from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import set_rotate_method
 
-    mesh = DeviceMesh.from_group(comm.group or dist.group.WORLD, device.type)
+    group = comm.group or dist.group.WORLD
+    assert group is not None, "no process group: torch's CP runs inside an initialised one"
+    mesh = DeviceMesh.from_group(group, device.type)
     set_rotate_method(rotate_method)
     pos = torch.arange(seq_len, device=device)[None]
     with context_parallel(mesh, buffers=[pos], buffer_seq_dims=[1], no_restore_buffers={pos}):

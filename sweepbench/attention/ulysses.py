@@ -18,12 +18,12 @@ class _Relayout(torch.autograd.Function):
     heads_to_seq are each other's backward."""
 
     @staticmethod
-    def forward(ctx, x, comm: Comm, there, back):  # type: ignore[override]
+    def forward(ctx, x, comm: Comm, there, back):
         ctx.comm, ctx.back = comm, back
         return there(x, comm)
 
     @staticmethod
-    def backward(ctx, g):  # type: ignore[override]
+    def backward(ctx, g):
         return ctx.back(g, ctx.comm), None, None, None
 
 
@@ -51,7 +51,7 @@ def to_heads(
     """q, k, v of a sequence chunk -> the whole sequence for this rank's heads (autograd-aware)."""
     if k.shape[1] % comm.size:
         k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])
-    return tuple(_Relayout.apply(x, comm, seq_to_heads, heads_to_seq) for x in (q, k, v))  # type: ignore[return-value]
+    return tuple(_Relayout.apply(x, comm, seq_to_heads, heads_to_seq) for x in (q, k, v))
 
 
 def to_sequence(out: torch.Tensor, comm: Comm) -> torch.Tensor:

@@ -5,7 +5,7 @@ the ``torch`` implementation of the collective benchmark, which times them with 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 import torch.distributed as dist
@@ -25,8 +25,8 @@ def _pattern(numel: int, rank: int, dtype: torch.dtype, device: torch.device) ->
 
 @dataclass
 class Buffers:
-    run: Callable[[], None]
-    reset: Callable[[], None]
+    run: Callable[[], object]  # what it returns (a tensor, a work handle) is not used
+    reset: Callable[[], object]
     output: torch.Tensor
     expected: torch.Tensor
     # the output still equals ``expected`` after the op runs again on its own output (every op but
@@ -36,7 +36,7 @@ class Buffers:
 
 def _all_reduce(numel: int, r: int, n: int, dt: torch.dtype, dev: torch.device) -> Buffers:
     buf = torch.empty(numel, dtype=dt, device=dev)
-    expected = sum(_pattern(numel, k, torch.float64, dev) for k in range(n)).to(dt)
+    expected = cast(torch.Tensor, sum(_pattern(numel, k, torch.float64, dev) for k in range(n))).to(dt)
     return Buffers(
         lambda: dist.all_reduce(buf), lambda: buf.copy_(_pattern(numel, r, dt, dev)), buf, expected, repeatable=False
     )
@@ -52,7 +52,7 @@ def _all_gather(numel: int, r: int, n: int, dt: torch.dtype, dev: torch.device) 
 def _reduce_scatter(numel: int, r: int, n: int, dt: torch.dtype, dev: torch.device) -> Buffers:
     chunk = numel // n
     inp, out = _pattern(chunk * n, r, dt, dev), torch.empty(chunk, dtype=dt, device=dev)
-    full = sum(_pattern(chunk * n, k, torch.float64, dev) for k in range(n))
+    full = cast(torch.Tensor, sum(_pattern(chunk * n, k, torch.float64, dev) for k in range(n)))
     expected = full[r * chunk : (r + 1) * chunk].to(dt)
     return Buffers(lambda: _reduce_scatter_tensor(out, inp), lambda: out.fill_(-1), out, expected)
 
@@ -108,7 +108,7 @@ class Mismatch(AssertionError):
 def check_output(op: str, bufs: Buffers, size: int, rank: int) -> None:
     """Mismatch naming the first wrong element of this rank's output."""
     if not torch.equal(bufs.output, bufs.expected):
-        bad = (bufs.output != bufs.expected).nonzero()[0].item()
+        bad = int((bufs.output != bufs.expected).nonzero()[0].item())
         raise Mismatch(
             f"{op} at {size} B on rank {rank}: element {bad} is "
             f"{bufs.output[bad].item()}, expected {bufs.expected[bad].item()}"
@@ -131,7 +131,7 @@ class _Sample:
     def __init__(self, op: str, bufs: Buffers, size: int, rank: int, n: int) -> None:
         self.op, self.bufs, self.size, self.rank, self.n, self.calls = op, bufs, size, rank, n, 0
 
-    def counted(self, step: Callable[[], None], calls: int) -> Callable[[], None]:
+    def counted(self, step: Callable[[], object], calls: int) -> Callable[[], None]:
         def run() -> None:
             step()
             self.calls += calls
@@ -155,7 +155,7 @@ class _Sample:
             verify_once(self.op, b, self.size, self.rank)
 
 
-def _captured(run: Callable[[], None], k: int, device: torch.device) -> Callable[[], None]:
+def _captured(run: Callable[[], object], k: int, device: torch.device) -> Callable[[], None]:
     """k back-to-back calls of ``run`` captured once as a CUDA graph; returns its replay. The calls
     run once first on a side stream (outside the capture), as torch's CUDA-graph recipe asks."""
     side = torch.cuda.Stream(device)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import types
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 import torch.distributed as dist
@@ -199,7 +199,8 @@ def canonical_boxes(model: torch.nn.Module) -> dict[str, tuple[str, tuple[int, .
         if name.startswith("decoder.layers.") and name.count(".") == 2:
             layer_base[name] = f"decoder.layers.{mod.layer_number - 1}"
     ep_rank, ep = pgs.ep.rank(), pgs.ep.size()
-    num_experts = model.config.num_moe_experts or 0
+    config: Any = model.config  # megatron's TransformerConfig
+    num_experts = config.num_moe_experts or 0
     out = {}
     for name, p in model.named_parameters():
         head = ".".join(name.split(".")[:3])
@@ -211,7 +212,7 @@ def canonical_boxes(model: torch.nn.Module) -> dict[str, tuple[str, tuple[int, .
         shape = list(p.shape)
         pieces: list[tuple[Box, Box]] = [(tuple((0, n) for n in shape), tuple((0, n) for n in shape))]
         if getattr(p, "tensor_model_parallel", False):
-            dim, stride = int(p.partition_dim), int(getattr(p, "partition_stride", 1))
+            dim, stride = int(getattr(p, "partition_dim")), int(getattr(p, "partition_stride", 1))
             world, r = pgs.tp.size(), pgs.tp.rank()
             chunk = shape[dim] // stride
             pieces = []
@@ -259,7 +260,9 @@ class _HostGlooCopyService(GlooCopyService):
     def __init__(self) -> None:  # noqa: D107 - mirrors GlooCopyService.__init__ minus the stream
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.gloo_pg = dist.new_group(backend="gloo")
-        self.send_ops, self.recv_ops, self._copy_stream = [], [], None
+        self.send_ops: list[Any] = []
+        self.recv_ops: list[Any] = []
+        self._copy_stream = None
 
 
 class MegatronTransfer:
@@ -311,7 +314,7 @@ class MegatronTransfer:
         src = dict(self.src_model.named_parameters())
         dst = dict(self.dst_model.named_parameters())
 
-        def size(params: dict[str, torch.Tensor], op: Any) -> int:
+        def size(params: Mapping[str, torch.Tensor], op: Any) -> int:
             t = params[op.param_name][op.my_slice]
             return t.numel() * t.element_size()
 

@@ -58,10 +58,10 @@ def apply(model: Transformer, fused: str) -> None:
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.RMSNorm):
-                fused = LigerRMSNorm(child.weight.shape[0], eps=child.eps).to(child.weight.device, child.weight.dtype)
-                fused.weight.copy_(child.weight)
-                fused.weight.requires_grad_(child.weight.requires_grad)
-                setattr(module, name, fused)
+                norm = LigerRMSNorm(child.weight.shape[0], eps=child.eps).to(child.weight.device, child.weight.dtype)
+                norm.weight.copy_(child.weight)
+                norm.weight.requires_grad_(child.weight.requires_grad)
+                setattr(module, name, norm)
     for ffn in [m for m in model.modules() if isinstance(m, FeedForward)]:
         ffn.__class__ = LigerFeedForward
     for att in [m for m in model.modules() if isinstance(m, Attention)]:

@@ -14,7 +14,7 @@ FSDP2 / DDP over dp ranks."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Callable, cast
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +49,9 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 def llama_config(shape: Shape, seq_len: int) -> LlamaConfig:
-    return LlamaConfig(
+    # attn_implementation is a keyword every PretrainedConfig takes (kept as _attn_implementation);
+    # the typed signature of LlamaConfig's dataclass lists only its own fields
+    return LlamaConfig(  # type: ignore[call-arg]
         vocab_size=shape.vocab_size,
         hidden_size=shape.hidden_size,
         intermediate_size=shape.ffn_hidden_size,
@@ -132,7 +134,8 @@ class HFTrainer:
         weights = hf_state(dict(ours.named_parameters()), shape)
         del ours
         with torch.device(device):
-            model: nn.Module = LlamaForCausalLM(llama_config(shape, plan.seq_len)).to(dtype)
+            model: nn.Module = LlamaForCausalLM(llama_config(shape, plan.seq_len))
+            model = model.to(dtype)
         if opts.lora_rank:
             lora = LoraConfig(
                 r=opts.lora_rank, lora_alpha=opts.lora_alpha, lora_dropout=0.0, bias="none", target_modules=LORA_TARGETS
@@ -143,13 +146,14 @@ class HFTrainer:
         del weights
         model.train()
         if opts.ac == "full":
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            hf: Any = model  # a LlamaForCausalLM, or peft's model, which passes the call on to it
+            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         layers = _decoder_layers(model)
         if opts.compile:
             for layer in layers:
                 layer.compile()
         self.sharded = mesh is not None and plan.dp > 1 and opts.dp_shard == "fsdp"
-        if self.sharded:
+        if self.sharded and mesh is not None:
             _apply_fsdp(model, layers, mesh["dp"], precision=plan.precision)
         elif mesh is not None and plan.dp > 1:
             from torch.nn.parallel import DistributedDataParallel
@@ -173,7 +177,11 @@ class HFTrainer:
         loss = torch.zeros((), device=self.device)
         for i in range(n):
             x, y = inputs[i * mb : (i + 1) * mb], targets[i * mb : (i + 1) * mb]
-            sync = self.model.no_sync() if hasattr(self.model, "no_sync") and i < n - 1 else contextlib.nullcontext()
+            # DDP's no_sync: the gradients are reduced once, after the last micro-batch
+            no_sync = cast(
+                "Callable[[], contextlib.AbstractContextManager] | None", getattr(self.model, "no_sync", None)
+            )
+            sync = no_sync() if no_sync is not None and i < n - 1 else contextlib.nullcontext()
             with sync:
                 with self._autocast():
                     logits = self.model(**_model_inputs(x), use_cache=False).logits

@@ -40,7 +40,7 @@ class LoRALinear(nn.Module):
         return F.linear(x, self.weight) + F.linear(F.linear(x, self.lora_a), self.lora_b) * self.scale
 
 
-def _linear(d_in: int, d_out: int, lora_rank: int, lora_alpha: float) -> nn.Module:
+def _linear(d_in: int, d_out: int, lora_rank: int, lora_alpha: float) -> LoRALinear | nn.Linear:
     if lora_rank:
         return LoRALinear(d_in, d_out, rank=lora_rank, alpha=lora_alpha)
     return nn.Linear(d_in, d_out, bias=False)

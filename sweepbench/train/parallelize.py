@@ -19,6 +19,7 @@ from __future__ import annotations
 import warnings
 from collections import Counter
 from functools import partial
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -79,8 +80,8 @@ def apply_tp(model: Transformer, mesh: DeviceMesh, *, sequence_parallel: bool = 
     for block in model.layers.values():
         parallelize_module(block, mesh, block_plan)
         if not sequence_parallel:
-            _replicate(block.attention_norm, mesh)
-            _replicate(block.ffn_norm, mesh)
+            _replicate(cast(nn.Module, block.attention_norm), mesh)
+            _replicate(cast(nn.Module, block.ffn_norm), mesh)
     if not sequence_parallel and model.norm is not None:
         _replicate(model.norm, mesh)
     if async_tp:
@@ -99,7 +100,8 @@ def _replicate(module: nn.Module, mesh: DeviceMesh) -> None:
     def to_local(_mod: nn.Module, output: DTensor, _mesh: DeviceMesh) -> torch.Tensor:
         return output.to_local()
 
-    distribute_module(module, mesh, input_fn=to_dtensor, output_fn=to_local)
+    # torch annotates input_fn and output_fn as returning None; what they return replaces the inputs/output
+    distribute_module(module, mesh, input_fn=to_dtensor, output_fn=to_local)  # type: ignore[arg-type]
 
 
 def maybe_enable_async_tp(mesh: DeviceMesh) -> None:
@@ -152,7 +154,7 @@ def apply_ac(model: Transformer, mode: str) -> None:
         return
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    extra = {"context_fn": _selective_context} if mode == "selective" else {}
+    extra: dict[str, Any] = {"context_fn": _selective_context} if mode == "selective" else {}
     for key, block in list(model.layers.items()):
         model.layers[key] = checkpoint_wrapper(block, preserve_rng_state=False, **extra)
 

@@ -72,7 +72,13 @@ class Batches:
     """This rank's (inputs, targets) of each step, made before any timing, on the device."""
 
     def __init__(
-        self, task: SyntheticTask, plan: TrainPlan, *, dp_rank: int, cp: ContextParallel | None, device: torch.device
+        self,
+        task: SyntheticTask | PackedTask,
+        plan: TrainPlan,
+        *,
+        dp_rank: int,
+        cp: ContextParallel | None,
+        device: torch.device,
     ) -> None:
         self.task, self.plan, self.dp_rank, self.cp, self.device = task, plan, dp_rank, cp, device
         self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -103,13 +109,14 @@ def run_training(job: TrainJob, *, rank: int, device: torch.device, job_dir: Pat
     mesh = build_mesh(plan, device)
     cp = build_context_parallel(plan, mesh, opts, device=device)
     dp_rank = mesh["dp"].get_local_rank()
-    task = SyntheticTask(
+    synthetic = SyntheticTask(
         vocab_size=shape.vocab_size, seq_len=plan.seq_len, global_batch=plan.global_batch, seed=opts.seed
     )
+    task: SyntheticTask | PackedTask = synthetic
     if opts.padding_free:  # documents packed into each row; counted in real tokens
-        task = PackedTask(task, vocab_size=shape.vocab_size)
+        task = PackedTask(synthetic, vocab_size=shape.vocab_size)
     elif opts.documents:  # the same documents, one per row, padded: the packed batch's baseline
-        task = PaddedTask(task, vocab_size=shape.vocab_size)
+        task = PaddedTask(synthetic, vocab_size=shape.vocab_size)
     batches = Batches(task, plan, dp_rank=dp_rank, cp=cp, device=device)
     layout_kw = dict(
         device=device, mesh=mesh, positions=cp.positions if cp else None, attn_fn=cp.attn_fn if cp else None

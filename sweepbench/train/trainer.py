@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, cast
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +17,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from sweepbench.train.impls import IMPLS
 from sweepbench.train.init import init_weights
-from sweepbench.train.model import Transformer
+from sweepbench.train.model import Attention, Transformer
 from sweepbench.train.parallelize import apply_ac, apply_compile, apply_ddp, apply_fsdp, apply_tp
 from sweepbench.train.pipeline import analytic_bubble, schedule_bubble, schedule_spec
 from sweepbench.train.pipeline import stage_ids as pipeline_stage_ids
@@ -129,7 +129,7 @@ class Trainer:
                 param.requires_grad_(name.endswith(("lora_a", "lora_b")))
         if attn_fn is not None:
             for block in model.layers.values():
-                block.attention.attn_fn = attn_fn
+                cast(Attention, block.attention).attn_fn = attn_fn
         if self.plan.precision == "fp8":
             from sweepbench.train.fp8 import apply_fp8
 
@@ -153,6 +153,7 @@ class Trainer:
     def _build_schedule(self, stage_ids: list[int]):
         from torch.distributed.pipelining import PipelineStage, schedules
 
+        assert self.mesh is not None  # a pipeline runs on a mesh with a pp dimension
         stages = [
             PipelineStage(part, sid, self.plan.num_stages, self.device, group=self.mesh["pp"].get_group())
             for part, sid in zip(self.parts, stage_ids)
@@ -183,7 +184,9 @@ class Trainer:
         model = self.parts[0]
         for i in range(n):
             last = i == n - 1
-            sync = model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext()
+            # DDP's no_sync: the gradients are reduced once, after the last micro-batch
+            no_sync = cast("Callable[[], contextlib.AbstractContextManager] | None", getattr(model, "no_sync", None))
+            sync = no_sync() if no_sync is not None and not last else contextlib.nullcontext()
             yield inputs[i * mb : (i + 1) * mb], targets[i * mb : (i + 1) * mb], sync
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -204,6 +207,7 @@ class Trainer:
 
     def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         losses: list[torch.Tensor] = []
+        assert self.schedule is not None  # a step of a pipeline
         with self._autocast():
             if self.first:
                 self.schedule.step(inputs, target=targets if self.last else None, losses=losses)
