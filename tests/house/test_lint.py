@@ -1,6 +1,8 @@
 """The package passes ruff's check (pyproject's [tool.ruff]: pyflakes and syntax errors): an undefined
 name, an unused import or variable, or a dictionary key written twice fails here, not at run time.
-And it is laid out as ``ruff format`` lays it out, so a change shows what it changes, not a re-wrap."""
+And it is laid out as ``ruff format`` lays it out, so a change shows what it changes, not a re-wrap.
+And mypy (pyproject's [tool.mypy]) finds no type error in it: an attribute of an Optional used
+unchecked, a call with the wrong argument type, a stale ``# type: ignore``."""
 
 import subprocess
 import sys
@@ -35,3 +37,9 @@ def test_ruff_format_check_catches_a_file_laid_out_by_hand(tmp_path: Path) -> No
     proc = subprocess.run([sys.executable, "-m", "ruff", "format", "--check", "--config", str(ROOT / "pyproject.toml"),
                            str(bad)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "would be reformatted" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_mypy_is_clean_over_the_package() -> None:
+    # one run over sweepbench and hydra_plugins, as pyproject's [tool.mypy] names them (about a minute cold)
+    proc = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True, timeout=290)
+    assert proc.returncode == 0, proc.stdout + proc.stderr + "\n(run: python -m mypy)"
