@@ -25,8 +25,10 @@ def _nvml_handle(device: torch.device) -> Any | None:
         import pynvml
 
         pynvml.nvmlInit()
-        # the rank's GPU index (ranks see every GPU of the node; one GPU per local rank)
-        return pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        # the rank's own GPU by its UUID: NVML numbers every GPU of the node and ignores
+        # CUDA_VISIBLE_DEVICES, so torch's index would name another GPU wherever that is set
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
     except Exception:  # NVML missing or unusable: the NVML columns are simply None
         return None
 
