@@ -19,12 +19,8 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from sweepbench.collective.ops import all_gather_tensor, reduce_scatter_tensor
 from sweepbench.parallel.comm import subgroup
-
-
-# torch 2.13 renamed the tensor forms (the old names warn); older torch has only the old names
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 Tensors = torch.Tensor | tuple[torch.Tensor, ...]
@@ -135,7 +131,7 @@ class Comm:
         if self.size == 1:
             out[0].copy_(x)
         else:  # the flat forms: gloo wants the output as the inputs concatenated on dim 0
-            _all_gather(out.view(-1), x.contiguous().view(-1), group=self.group)
+            all_gather_tensor(out.view(-1), x.contiguous().view(-1), group=self.group)
             self.traffic.sent_bytes += (self.size - 1) * _nbytes(x)
         return out
 
@@ -144,7 +140,7 @@ class Comm:
         if self.size == 1:
             return x[0].clone()
         out = torch.empty(x.shape[1:], dtype=x.dtype, device=x.device)
-        _reduce_scatter(out.view(-1), x.contiguous().view(-1), group=self.group)
+        reduce_scatter_tensor(out.view(-1), x.contiguous().view(-1), group=self.group)
         self.traffic.sent_bytes += (self.size - 1) * _nbytes(out)
         return out
 

@@ -13,9 +13,10 @@ import torch.distributed as dist
 from sweepbench.measure.stats import summarize
 from sweepbench.measure.timing import ops_per_sample, sampling, time_iterations
 
-# torch 2.13 renamed the tensor forms (the old names warn); older torch has only the old names
-_all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+# torch 2.13 renamed the tensor forms (the old names warn); older torch has only the old names.
+# The one place these are looked up: every engine that gathers or scatters flat tensors imports them.
+all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _pattern(numel: int, rank: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -46,7 +47,7 @@ def _all_gather(numel: int, r: int, n: int, dt: torch.dtype, dev: torch.device) 
     chunk = numel // n
     inp, out = _pattern(chunk, r, dt, dev), torch.empty(chunk * n, dtype=dt, device=dev)
     expected = torch.cat([_pattern(chunk, k, dt, dev) for k in range(n)])
-    return Buffers(lambda: _all_gather_tensor(out, inp), lambda: out.fill_(-1), out, expected)
+    return Buffers(lambda: all_gather_tensor(out, inp), lambda: out.fill_(-1), out, expected)
 
 
 def _reduce_scatter(numel: int, r: int, n: int, dt: torch.dtype, dev: torch.device) -> Buffers:
@@ -54,7 +55,7 @@ def _reduce_scatter(numel: int, r: int, n: int, dt: torch.dtype, dev: torch.devi
     inp, out = _pattern(chunk * n, r, dt, dev), torch.empty(chunk, dtype=dt, device=dev)
     full = cast(torch.Tensor, sum(_pattern(chunk * n, k, torch.float64, dev) for k in range(n)))
     expected = full[r * chunk : (r + 1) * chunk].to(dt)
-    return Buffers(lambda: _reduce_scatter_tensor(out, inp), lambda: out.fill_(-1), out, expected)
+    return Buffers(lambda: reduce_scatter_tensor(out, inp), lambda: out.fill_(-1), out, expected)
 
 
 def _broadcast(numel: int, r: int, n: int, dt: torch.dtype, dev: torch.device) -> Buffers:

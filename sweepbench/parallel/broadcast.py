@@ -16,13 +16,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from sweepbench.collective.ops import all_gather_tensor
+
 from .comm import DEFAULT_BUCKET_BYTES, Bucket, Executor, Shards, make_buckets, p2p_wait, subgroup
 from .plan import Plan
 from .strategies import STRATEGIES
-
-
-# torch >= 2.13 renamed all_gather_into_tensor to all_gather_single
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 @STRATEGIES.register("broadcast")
@@ -92,7 +90,7 @@ class Broadcast(Executor):
             c = self._chunk(b)
             k = b.dsts.index(self.rank)
             mine = target[k * c : (k + 1) * c].clone()
-            works.append(_all_gather(target[: c * len(b.dsts)], mine, group=self.groups[b.dsts], async_op=True))
+            works.append(all_gather_tensor(target[: c * len(b.dsts)], mine, group=self.groups[b.dsts], async_op=True))
         for w in works:
             if w is not None:
                 w.wait()
