@@ -108,6 +108,7 @@ def check_writable(path: Path, *, what: str, folder: bool = False) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from sweepbench.report.answer import answer_jobs
     from sweepbench.report.load import load_sweep, save_jobs_file
     from sweepbench.report.page import REPORT_FILE, write_report
 
@@ -115,14 +116,15 @@ def _report(args: argparse.Namespace) -> int:
     if args.save_jobs:
         check_writable(args.save_jobs, what="--save-jobs file")
     sweeps = [load_sweep(p) for p in args.sweeps]  # each read once, for the page, --save-jobs and --wandb
-    out = write_report(args.sweeps, args.out, sweeps=sweeps)
+    answers = [answer_jobs(s.jobs) for s in sweeps]  # each ranked once, for the page and --wandb
+    out = write_report(args.sweeps, args.out, sweeps=sweeps, answers=answers)
     print(f"sweepbench: report written to {out}")
     if args.save_jobs:
         print(f"sweepbench: job records written to {save_jobs_file(sweeps[0], args.save_jobs)}")
     if args.wandb:
         from sweepbench.report.workspace import publish_workspace
 
-        return publish_workspace(sweeps[0], baseline=args.baseline)
+        return publish_workspace(sweeps[0], baseline=args.baseline, answers=answers[0])
     return 0
 
 

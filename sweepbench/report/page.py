@@ -310,13 +310,18 @@ def render_report(sweeps: Sequence[Sweep], answers: Sequence[list[Answer] | None
 
 
 def write_report(
-    paths: Sequence[str | Path], out: str | Path | None = None, *, sweeps: Sequence[Sweep] | None = None
+    paths: Sequence[str | Path],
+    out: str | Path | None = None,
+    *,
+    sweeps: Sequence[Sweep] | None = None,
+    answers: Sequence[list[Answer] | None] = (),
 ) -> Path:
     """Render the report of one or more sweeps; by default ``<first sweep>/report.html``.
-    ``sweeps``: the sweeps of ``paths`` where the caller loaded them already."""
+    ``sweeps``: the sweeps of ``paths`` where the caller loaded them already; ``answers``: each
+    sweep's ranking where the caller made it already."""
     sweeps = sweeps if sweeps is not None else [load_sweep(p) for p in paths]
     out = Path(out) if out else Path(paths[0]) / REPORT_FILE
-    write_atomic(out, render_report(sweeps))
+    write_atomic(out, render_report(sweeps, answers))
     return out
 
 

@@ -62,8 +62,9 @@ def run_id(job: dict[str, Any]) -> str | None:
     return match.group(1) if match else None
 
 
-def varied_section(ws: Any, wr: Any, bench: str, jobs: list[dict[str, Any]]) -> Any:
-    """The section the view opens with: the chart of the axes the sweep varied, and its answer."""
+def varied_section(ws: Any, wr: Any, bench: str, jobs: list[dict[str, Any]], answer: Any = None) -> Any:
+    """The section the view opens with: the chart of the axes the sweep varied, and its answer
+    (``answer``: the benchmark's ranking where the caller made it already)."""
     from sweepbench.report.answer import answer_benchmark
     from sweepbench.report.axes import WORLD, layout
     from sweepbench.report.page import headline_hooks
@@ -89,7 +90,7 @@ def varied_section(ws: Any, wr: Any, bench: str, jobs: list[dict[str, Any]]) -> 
                     groupby=wr.Config(lay.series[0].key),
                 )
             )
-    answer = answer_benchmark(bench, jobs)
+    answer = answer if answer is not None else answer_benchmark(bench, jobs)
     lines = [f"- {r.sentence()}" for r in answer.rankings if len(r.entries) > 1]
     lines += [f"- failed: {j['config'] or j['tag']} ({j['status']})" for j in answer.failed]
     if lines:
@@ -97,8 +98,11 @@ def varied_section(ws: Any, wr: Any, bench: str, jobs: list[dict[str, Any]]) -> 
     return ws.Section(name=f"{bench}: what the sweep varied", panels=panels, is_open=True)
 
 
-def build_workspace(sweep: Sweep, *, entity: str, project: str, baseline: str | None = None) -> Any:
-    """The workspace view of ``sweep`` (a ``wandb_workspaces.workspaces.Workspace``)."""
+def build_workspace(
+    sweep: Sweep, *, entity: str, project: str, baseline: str | None = None, answers: list[Any] | None = None
+) -> Any:
+    """The workspace view of ``sweep`` (a ``wandb_workspaces.workspaces.Workspace``); ``answers``:
+    the sweep's ranking (one answer per benchmark) where the caller made it already."""
     ws, wr = _import_workspaces()
     group = sweep_group(sweep)
     swept = swept_keys(sweep)
@@ -108,7 +112,8 @@ def build_workspace(sweep: Sweep, *, entity: str, project: str, baseline: str | 
         if job.get("benchmark"):
             by_bench.setdefault(job["benchmark"], []).append(job)
     for bench, jobs in sorted(by_bench.items()):
-        sections.append(varied_section(ws, wr, bench, jobs))
+        made = {a.benchmark: a for a in answers or []}
+        sections.append(varied_section(ws, wr, bench, jobs, made.get(bench)))
     for bench, jobs in sorted(by_bench.items()):
         columns = {k for j in jobs for c in (j.get("results") or {}).get("cases", []) for k in c}
         heads = list(dict.fromkeys(key for j in jobs for key, _ in headlines(j)))
@@ -155,7 +160,7 @@ def _project(sweep: Sweep) -> tuple[str | None, str]:
     return w.get("entity"), w.get("project") or "sweepbench"
 
 
-def publish_workspace(sweep: Sweep, *, baseline: str | None = None) -> int:
+def publish_workspace(sweep: Sweep, *, baseline: str | None = None, answers: list[Any] | None = None) -> int:
     """Save the view in wandb; offline (or not logged in) say so and do nothing else."""
     entity, project = _project(sweep)
     mode = os.environ.get("WANDB_MODE") or "online"
@@ -182,6 +187,6 @@ def publish_workspace(sweep: Sweep, *, baseline: str | None = None) -> int:
         return 0
     entity = entity or api.default_entity
     assert entity is not None, "wandb knows no default entity of this login"  # a logged-in user has one
-    view = build_workspace(sweep, entity=entity, project=project, baseline=baseline).save()
+    view = build_workspace(sweep, entity=entity, project=project, baseline=baseline, answers=answers).save()
     print(f"sweepbench: workspace view saved: {view.url}")
     return 0

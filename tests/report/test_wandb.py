@@ -21,8 +21,12 @@ from .conftest import SECRET, SECRETS_SWEEP, sweepbench_cli
 
 def records(run_dir: str | Path) -> list[dict[str, Any]]:
     """Every record of an offline run, by ``wandb leet inspect --json``."""
-    proc = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_dir)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
 
@@ -44,8 +48,11 @@ def charts(recs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def summary_tables(run_dir: Path) -> dict[str, dict[str, Any]]:
     """Summary entries that are tables, with their JSON file read from the run's files."""
     summary = wandb_inspect(run_dir)["summary"]
-    return {key: json.loads((run_dir / "files" / value["path"]).read_text()) for key, value in summary.items()
-            if isinstance(value, dict) and value.get("_type") == "table-file"}
+    return {
+        key: json.loads((run_dir / "files" / value["path"]).read_text())
+        for key, value in summary.items()
+        if isinstance(value, dict) and value.get("_type") == "table-file"
+    }
 
 
 def _ok_run(sweep: SweepRun) -> tuple[dict[str, Any], Path]:
@@ -61,8 +68,11 @@ def test_run_identity(report_sweeps: dict[str, SweepRun]) -> None:
             run = run_record(records(metrics["wandb"]["dir"]))
             assert run["display_name"] == tag and run["job_type"] == name
             groups.add(run["run_group"])
-            assert {"benchmark=" + name, f"parallelism={metrics['config']['parallelism']['name']}",
-                    f"model={metrics['config']['model']['name']}"} <= set(run["tags"])
+            assert {
+                "benchmark=" + name,
+                f"parallelism={metrics['config']['parallelism']['name']}",
+                f"model={metrics['config']['model']['name']}",
+            } <= set(run["tags"])
             assert all(len(t) <= 64 for t in run["tags"])
         # one group per sweep: the sweep's own, unique to its absolute path on this machine
         assert groups == {group_name(sweep.sweep_dir, machine=env["host"])}
@@ -101,8 +111,7 @@ def forced(secrets_sweep: SweepRun) -> tuple[SweepRun, SweepRun]:
     """The sweep with secret-looking config keys, run again with sweep.force=true."""
     first = secrets_sweep
     first_runs = sorted(p.name for p in first.sweep_dir.glob("*/wandb/offline-run-*"))
-    second = run_sweepbench([*SECRETS_SWEEP, "sweep.force=true"], sweep_dir=first.sweep_dir,
-                            cwd=first.sweep_dir.parent)
+    second = run_sweepbench([*SECRETS_SWEEP, "sweep.force=true"], sweep_dir=first.sweep_dir, cwd=first.sweep_dir.parent)
     assert second.rc == 0, second.describe()
     assert first_runs and sorted(p.name for p in first.sweep_dir.glob("*/wandb/offline-run-*")) != first_runs
     return first, second
@@ -132,10 +141,19 @@ def test_secrets_stay_out_of_wandb_and_the_report(forced: tuple[SweepRun, SweepR
 
 def test_redaction_rules() -> None:
     flat = {"a.api_key": "x", "b.Token": "y", "password": "z", "model.num_heads": 8, "c.secret_name": None}
-    assert redact(flat) == {"a.api_key": "<redacted>", "b.Token": "<redacted>", "password": "<redacted>",
-                            "model.num_heads": 8, "c.secret_name": None}
-    assert redact_overrides(["+my_key=1", "model=tiny", "-m", "x.password=2"]) == \
-        ["+my_key=<redacted>", "model=tiny", "-m", "x.password=<redacted>"]
+    assert redact(flat) == {
+        "a.api_key": "<redacted>",
+        "b.Token": "<redacted>",
+        "password": "<redacted>",
+        "model.num_heads": 8,
+        "c.secret_name": None,
+    }
+    assert redact_overrides(["+my_key=1", "model=tiny", "-m", "x.password=2"]) == [
+        "+my_key=<redacted>",
+        "model=tiny",
+        "-m",
+        "x.password=<redacted>",
+    ]
 
 
 def test_group_name() -> None:
@@ -146,10 +164,13 @@ def test_group_name() -> None:
     assert group_name("run") == "run"
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["wandb.tags=[" + "t" * 65 + "]"], "has 65 characters; wandb allows at most 64"),
-    (["sweep.tag_max_len=200"], "which wandb limits to 128 characters"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["wandb.tags=[" + "t" * 65 + "]"], "has 65 characters; wandb allows at most 64"),
+        (["sweep.tag_max_len=200"], "which wandb limits to 128 characters"),
+    ],
+)
 def test_wandb_name_limits_at_compose_time(compose, overrides: list[str], message: str) -> None:
     from sweepbench.launch.preflight import validate
 
@@ -219,8 +240,9 @@ def test_ranking_table_in_the_sweeps_group(answer_sweeps: dict[str, SweepRun]) -
     assert rows[1]["ratio"] > 1.5 and rows[0]["tag"] in sweep.all_metrics()
 
 
-def test_report_wandb_offline_publishes_nothing(report_sweeps: dict[str, SweepRun], tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_report_wandb_offline_publishes_nothing(
+    report_sweeps: dict[str, SweepRun], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
     proc = sweepbench_cli("report", report_sweeps["refit"].sweep_dir, "-o", tmp_path / "r.html", "--wandb")
     assert proc.returncode == 0, proc.stderr
@@ -234,3 +256,23 @@ def test_cli_help_lists_both_commands() -> None:
     assert proc.returncode == 0 and "--wandb" in proc.stdout and "--save-jobs" in proc.stdout
     proc = sweepbench_cli("compare", "--help")
     assert proc.returncode == 0 and "--fail-on-regression" in proc.stdout and "--on" in proc.stdout
+
+
+def test_workspace_takes_the_ranking_the_report_made(
+    answer_sweeps: dict[str, SweepRun], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`report --wandb` ranks once: the workspace's answer panel is the ranking handed to it, and no
+    ranking is made again while the view is built."""
+    import sweepbench.report.answer as answer_mod
+    from sweepbench.report.workspace import build_workspace
+
+    sweep = load_sweep(answer_sweeps["attention"].sweep_dir)
+    made = answer_mod.answer_jobs(sweep.jobs)
+    expected = build_workspace(sweep, entity="me", project="p").sections[0].panels[1].markdown
+
+    def ranked_again(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the workspace ranked the sweep again")
+
+    monkeypatch.setattr(answer_mod, "answer_benchmark", ranked_again)
+    view = build_workspace(sweep, entity="me", project="p", answers=made)
+    assert view.sections[0].panels[1].markdown == expected
