@@ -148,8 +148,8 @@ class TrainBenchmark(Benchmark):
         plan = check_plan(job)
         device = device_type(cfg)
         check_cp(job, plan, device)
-        check_recipe(cfg, plan)
-        if why := check_recipe_device(cfg, device):
+        check_recipe(job.knobs, plan)
+        if why := check_recipe_device(job.knobs, device):
             raise NotOnThisMachine(why)
         if why := check_device(job, plan, device):
             raise NotOnThisMachine(why)

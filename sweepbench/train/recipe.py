@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from sweepbench.core import Registry
+from sweepbench.train.config import TrainKnobs
 from sweepbench.train.impls import IMPLS, PEERS, check_impl
 
 # knob value -> ``apply(model, value)``, which changes a freshly initialised model (None: nothing)
@@ -38,15 +39,14 @@ def _installed(module: str) -> bool:
         return False
 
 
-def check_recipe(cfg: Any, plan: Any) -> None:
-    """ValueError (one line) for a recipe this engine cannot run."""
-    b = cfg.benchmark
-    knobs = {k: b[k] for k, default in DEFAULTS.items() if b[k] != default}
-    check_impl(str(b.impl), tp=plan.tp, pp=plan.pp, cp=plan.cp, ac=str(b.ac), precision=plan.precision, knobs=knobs)
+def check_recipe(b: TrainKnobs, plan: Any) -> None:
+    """ValueError (one line) for a recipe this engine cannot run (``b``: the job's knobs)."""
+    knobs = {k: getattr(b, k) for k, default in DEFAULTS.items() if getattr(b, k) != default}
+    check_impl(b.impl, tp=plan.tp, pp=plan.pp, cp=plan.cp, ac=b.ac, precision=plan.precision, knobs=knobs)
     QUANTS.check(b.quant, key="benchmark.quant")
     FUSED.check(b.fused, key="benchmark.fused")
     if b.quant != "none":
-        if not int(b.lora_rank):
+        if not b.lora_rank:
             raise ValueError(
                 f"benchmark.quant={b.quant} needs LoRA (benchmark.lora_rank > 0, got 0): the quantized "
                 f"base weights are frozen, only adapters train; set e.g. benchmark.lora_rank=16"
@@ -82,9 +82,9 @@ def check_recipe(cfg: Any, plan: Any) -> None:
         )
 
 
-def check_recipe_device(cfg: Any, device_type: str) -> str | None:
+def check_recipe_device(b: TrainKnobs, device_type: str) -> str | None:
     """Why this recipe cannot run on ``device_type`` (torch-free), or None."""
-    if cfg.benchmark.fused == "liger" and device_type != "cuda":
+    if b.fused == "liger" and device_type != "cuda":
         return (
             f"benchmark.fused=liger needs CUDA GPUs (liger-kernel's Triton kernels; its RMSNorm does not run "
             f"under Triton's CPU interpreter); this job would run on {device_type}: use fused=none here"
