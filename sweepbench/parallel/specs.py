@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -127,6 +127,46 @@ class ModelShape:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    def with_layers(self, num_layers: int | None) -> ModelShape:
+        """The same widths at another depth (None: this one), as a reduced-depth check builds it."""
+        return self if not num_layers else replace(self, num_layers=num_layers)
+
+    # Parameter counts of the Llama-3-style decoder the train engine builds from this shape (plain
+    # Python: the driver's memory estimate and validation use them before any rank starts).
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def attention_params(self) -> int:
+        """wq, wk, wv, wo (no biases)."""
+        d = self.hidden_size
+        return d * d + 2 * d * self.kv_dim + d * d
+
+    def lora_params(self, rank: int) -> int:
+        """LoRA adapters (A: rank x in, B: out x rank) on wq, wk, wv, wo of one layer."""
+        if rank == 0:
+            return 0
+        d = self.hidden_size
+        return rank * (d + d) + rank * (d + self.kv_dim) * 2 + rank * (d + d)
+
+    def layer_params(self) -> int:
+        """One block: attention, SwiGLU (w1, w2, w3) and two RMSNorm weights."""
+        d = self.hidden_size
+        return self.attention_params() + 3 * d * self.ffn_hidden_size + 2 * d
+
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def num_params(self, *, lora_rank: int = 0) -> int:
+        """All parameters: embedding, blocks, final norm, output projection (untied), adapters."""
+        d = self.hidden_size
+        return (
+            self.embedding_params()
+            + self.num_layers * (self.layer_params() + self.lora_params(lora_rank))
+            + d
+            + self.vocab_size * d
+        )
 
 
 def model_param_specs(cfg: Any) -> tuple[ParamSpec, ...]:

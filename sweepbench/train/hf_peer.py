@@ -26,7 +26,7 @@ from sweepbench.train.impls import IMPLS, missing
 from sweepbench.train.init import init_weights
 from sweepbench.train.model import ROPE_THETA, Transformer
 from sweepbench.train.plan import TrainPlan
-from sweepbench.train.shape import Shape
+from sweepbench.parallel.specs import ModelShape
 
 try:
     from peft import LoraConfig, get_peft_model
@@ -48,7 +48,7 @@ PROJECTIONS = {
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
-def llama_config(shape: Shape, seq_len: int) -> LlamaConfig:
+def llama_config(shape: ModelShape, seq_len: int) -> LlamaConfig:
     # attn_implementation is a keyword every PretrainedConfig takes (kept as _attn_implementation);
     # the typed signature of LlamaConfig's dataclass lists only its own fields
     return LlamaConfig(  # type: ignore[call-arg]
@@ -69,7 +69,7 @@ def llama_config(shape: Shape, seq_len: int) -> LlamaConfig:
     )
 
 
-def hf_state(ours: dict[str, torch.Tensor], shape: Shape) -> dict[str, torch.Tensor]:
+def hf_state(ours: dict[str, torch.Tensor], shape: ModelShape) -> dict[str, torch.Tensor]:
     """Our engine's weights under HF's (and peft's) names: ``model.*`` and ``lm_head.weight``,
     LoRA's A and B as ``<proj>.lora_A`` / ``lora_B``."""
     out = {
@@ -117,7 +117,7 @@ class HFTrainer:
 
     def __init__(
         self,
-        shape: Shape,
+        shape: ModelShape,
         plan: TrainPlan,
         opts: Any,
         *,

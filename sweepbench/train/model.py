@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sweepbench.train.shape import Shape
+from sweepbench.parallel.specs import ModelShape
 
 ROPE_THETA = 500000.0  # Llama 3's
 # attention kernel: (q, k, v) with heads on dim 1 and the sequence on dim 2 -> output, causal
@@ -67,7 +67,7 @@ def rope_tables(head_dim: int, positions: torch.Tensor) -> tuple[torch.Tensor, t
 
 
 class Attention(nn.Module):
-    def __init__(self, shape: Shape, *, lora_rank: int, lora_alpha: float) -> None:
+    def __init__(self, shape: ModelShape, *, lora_rank: int, lora_alpha: float) -> None:
         super().__init__()
         d, hd = shape.hidden_size, shape.head_dim
         self.head_dim = hd
@@ -92,7 +92,7 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     """SwiGLU: w2(silu(w1 x) * w3 x)."""
 
-    def __init__(self, shape: Shape) -> None:
+    def __init__(self, shape: ModelShape) -> None:
         super().__init__()
         self.w1 = nn.Linear(shape.hidden_size, shape.ffn_hidden_size, bias=False)
         self.w2 = nn.Linear(shape.ffn_hidden_size, shape.hidden_size, bias=False)
@@ -103,7 +103,7 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, shape: Shape, *, lora_rank: int, lora_alpha: float) -> None:
+    def __init__(self, shape: ModelShape, *, lora_rank: int, lora_alpha: float) -> None:
         super().__init__()
         self.attention_norm = nn.RMSNorm(shape.hidden_size, eps=1e-5)
         self.attention = Attention(shape, lora_rank=lora_rank, lora_alpha=lora_alpha)
@@ -120,7 +120,7 @@ class Transformer(nn.Module):
     ``norm``/``output`` only on the last). Input: token ids on the first stage, hidden states on
     the others; output: logits on the last stage, hidden states on the others."""
 
-    def __init__(self, shape: Shape, *, lora_rank: int = 0, lora_alpha: float = 16.0) -> None:
+    def __init__(self, shape: ModelShape, *, lora_rank: int = 0, lora_alpha: float = 16.0) -> None:
         super().__init__()
         self.shape = shape
         self.tok_embeddings: nn.Module | None = nn.Embedding(shape.vocab_size, shape.hidden_size)
@@ -160,7 +160,7 @@ class Transformer(nn.Module):
         return self.output(h) if self.output is not None else h
 
 
-def init_std(name: str, shape: Shape) -> float | None:
+def init_std(name: str, shape: ModelShape) -> float | None:
     """torchtitan's initialisation: std 1 for the embedding, d^-0.5 for the output, 0.02 for the
     other weights with the output projections of each block scaled by depth; None: ones (norms),
     0.0: zeros (LoRA's B)."""

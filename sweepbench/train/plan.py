@@ -13,7 +13,8 @@ from typing import Any
 
 from sweepbench.train.config import TrainJob, TrainKnobs
 from sweepbench.train.pipeline import schedule_names, schedule_spec
-from sweepbench.train.shape import Shape, bytes_per_param
+from sweepbench.parallel.specs import ModelShape
+from sweepbench.train.shape import bytes_per_param, shape_of
 
 AC_MODES = ("none", "selective", "full")
 # auto: fp32 for a float32 model, bf16 otherwise; fp8: bf16 weights, linear layers in float8 (torchao)
@@ -108,7 +109,7 @@ def step_transient_bytes(trainable: int, precision: str) -> int:
     return trainable * (2 if precision in ("bf16", "fp8") else 4)
 
 
-def reference_bytes(shape: Shape, plan: TrainPlan, *, lora_rank: int) -> int:
+def reference_bytes(shape: ModelShape, plan: TrainPlan, *, lora_rank: int) -> int:
     """Weights, gradients and AdamW states of the whole model on one device and the step's
     transient buffers, plus activations of one micro-batch (about 34 bytes per token and hidden
     unit per layer without checkpointing, Korthikanti et al.) and its fp32 logits and their
@@ -124,7 +125,7 @@ def reference_bytes(shape: Shape, plan: TrainPlan, *, lora_rank: int) -> int:
     return states + tokens * (34 * shape.num_layers * shape.hidden_size + 8 * shape.vocab_size)
 
 
-def layout_bytes(shape: Shape, plan: TrainPlan, *, lora_rank: int, dp_shard: str, ac: str) -> int:
+def layout_bytes(shape: ModelShape, plan: TrainPlan, *, lora_rank: int, dp_shard: str, ac: str) -> int:
     """One rank of the layout: its share of the weights, gradients and AdamW states (tp and pp
     split the model; FSDP also splits it over dp and cp, DDP holds the whole of its tp/pp part on
     every dp rank), plus its activations: its micro-batch's tokens (split by cp), its layers (split
@@ -155,7 +156,7 @@ def rank_bytes(job: TrainJob, *, device_bytes: int | None = None) -> int:
     reference it runs first (then frees) and its share of the layout. The reference runs at full depth on a CPU, and
     on a GPU (``device_bytes``) where it fits ``FIT_FRACTION`` of it, else at 2 layers (a
     multiple of the pipeline's stages)."""
-    plan, shape = build_plan(job), Shape.of(job.model)
+    plan, shape = build_plan(job), shape_of(job.model)
     k = job.knobs
     lora = k.lora_rank
     single = plan.single_device()
@@ -166,7 +167,7 @@ def rank_bytes(job: TrainJob, *, device_bytes: int | None = None) -> int:
         and reference_bytes(shape, single, lora_rank=lora) > FIT_FRACTION * device_bytes
     ):
         depth = plan.num_stages * -(-2 // plan.num_stages)
-    reference = reference_bytes(Shape.of(job.model, num_layers=depth), single, lora_rank=lora)
+    reference = reference_bytes(shape_of(job.model, num_layers=depth), single, lora_rank=lora)
     layout = layout_bytes(shape, plan, lora_rank=lora, dp_shard=k.dp_shard, ac=k.ac)
     return RANK_RUNTIME_BYTES + max(reference, layout)
 
@@ -238,7 +239,7 @@ def _check_sizes(job: TrainJob, plan: TrainPlan) -> None:
             f"global_batch/(dp*micro_batch)={plan.num_micro}; use benchmark.global_batch="
             f"{plan.pp * per_step} (or a multiple)"
         )
-    shape = Shape.of(model)
+    shape = shape_of(model)
     smallest = min(shape.hidden_size, shape.kv_dim)
     if k.lora_rank > smallest:
         raise ValueError(

@@ -32,7 +32,7 @@ from sweepbench.train.memory import (
 from sweepbench.train.plan import TrainPlan, build_plan
 from sweepbench.train.recipe import build_reference, describe, tokens_per_step
 from sweepbench.train.profile import profile_window, write_scalars
-from sweepbench.train.shape import Shape, flops_per_token
+from sweepbench.train.shape import flops_per_token, shape_of
 from sweepbench.train.trainer import DTYPES, TrainOptions, build_mesh
 from sweepbench.train.verify import (
     check_learning,
@@ -102,7 +102,7 @@ class Batches:
 def run_training(job: TrainJob, *, rank: int, device: torch.device, job_dir: Path | None) -> dict[str, Any]:
     k = job.knobs
     plan, opts = build_plan(job), options_of(k)
-    shape = Shape.of(job.model)
+    shape = shape_of(job.model)
     nvml = NvmlSampler(device)  # the starting level, before the job allocates anything
     host = HostSampler(device)  # on a CPU: the anonymous memory the job adds, from here on
     ceiling = matmul_ceiling(device, DTYPES[plan.precision], fp8=plan.precision == "fp8")
@@ -124,7 +124,7 @@ def run_training(job: TrainJob, *, rank: int, device: torch.device, job_dir: Pat
 
     # verified before any time counts
     depth = verify_depth(shape, plan, device=device, lora_rank=opts.lora_rank, forced=k.verify_layers)
-    vshape = Shape.of(job.model, num_layers=depth)
+    vshape = shape_of(job.model, num_layers=depth)
     single = plan.single_device()
     reference = run_reference(
         lambda: build_reference(vshape, single, opts, device=device, batches=batches), batches.full, k.verify_steps

@@ -12,71 +12,18 @@ count 4 FLOPs per parameter and token instead of 6; the adapters count 6."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from sweepbench.parallel.specs import ModelShape
 
 
-@dataclass(frozen=True)
-class Shape:
-    """The widths of a decoder, from the ``model`` config group."""
-
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    ffn_hidden_size: int
-    vocab_size: int
-
-    @classmethod
-    def of(cls, model: Any, *, num_layers: int | None = None) -> "Shape":
-        """From a ``model`` config, read and checked as every engine reads it (``ModelShape``)."""
-        m = ModelShape.from_config(model)
-        return cls(
-            num_layers or m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.ffn_hidden_size, m.vocab_size
-        )
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def kv_dim(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
-    def attention_params(self) -> int:
-        """wq, wk, wv, wo (no biases)."""
-        d = self.hidden_size
-        return d * d + 2 * d * self.kv_dim + d * d
-
-    def lora_params(self, rank: int) -> int:
-        """LoRA adapters (A: rank x in, B: out x rank) on wq, wk, wv, wo of one layer."""
-        if rank == 0:
-            return 0
-        d = self.hidden_size
-        return rank * (d + d) + rank * (d + self.kv_dim) * 2 + rank * (d + d)
-
-    def layer_params(self) -> int:
-        """One block: attention, SwiGLU (w1, w2, w3) and two RMSNorm weights."""
-        d = self.hidden_size
-        return self.attention_params() + 3 * d * self.ffn_hidden_size + 2 * d
-
-    def embedding_params(self) -> int:
-        return self.vocab_size * self.hidden_size
-
-    def num_params(self, *, lora_rank: int = 0) -> int:
-        """All parameters: embedding, blocks, final norm, output projection (untied), adapters."""
-        d = self.hidden_size
-        return (
-            self.embedding_params()
-            + self.num_layers * (self.layer_params() + self.lora_params(lora_rank))
-            + d
-            + self.vocab_size * d
-        )
+def shape_of(model: Any, *, num_layers: int | None = None) -> ModelShape:
+    """The model's shape (``ModelShape``, the one type every engine reads a model as), at another
+    depth where ``num_layers`` is given (a reduced-depth reference)."""
+    return ModelShape.from_config(model).with_layers(num_layers)
 
 
-def flops_per_token(shape: Shape, seq_len: int, *, lora_rank: int = 0) -> float:
+def flops_per_token(shape: ModelShape, seq_len: int, *, lora_rank: int = 0) -> float:
     """Training FLOPs per token (torchtitan's formula; see the module docstring)."""
     n = shape.num_params(lora_rank=lora_rank) - shape.embedding_params()
     adapters = shape.num_layers * shape.lora_params(lora_rank)

@@ -23,7 +23,7 @@ from sweepbench.train.pipeline import analytic_bubble, schedule_bubble, schedule
 from sweepbench.train.pipeline import stage_ids as pipeline_stage_ids
 from sweepbench.train.plan import TrainPlan
 from sweepbench.train.recipe import apply_recipe
-from sweepbench.train.shape import Shape
+from sweepbench.parallel.specs import ModelShape
 
 DTYPES = {"fp32": torch.float32, "mixed": torch.float32, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
 
@@ -78,7 +78,7 @@ class Trainer:
 
     def __init__(
         self,
-        shape: Shape,
+        shape: ModelShape,
         plan: TrainPlan,
         opts: TrainOptions,
         *,

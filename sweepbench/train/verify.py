@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from sweepbench.core import VerificationError
 from sweepbench.train.plan import FIT_FRACTION, TrainPlan, reference_bytes
-from sweepbench.train.shape import Shape
+from sweepbench.parallel.specs import ModelShape
 
 # relative tolerance of each verified step's loss against the reference
 # fp8: dp4 on 4 H200s (llama3_8b widths at 4 layers, seq 8192, compiled like its reference) was
@@ -31,7 +31,7 @@ LOSS_RTOL = {"fp32": 1e-4, "bf16": 2e-2, "mixed": 1e-2, "fp8": 5e-2}
 MIN_DROP = 1e-4
 
 
-def verify_depth(shape: Shape, plan: TrainPlan, *, device: torch.device, lora_rank: int, forced: int) -> int:
+def verify_depth(shape: ModelShape, plan: TrainPlan, *, device: torch.device, lora_rank: int, forced: int) -> int:
     """Layers of the verified model: ``forced`` if set, the full depth if the single-device
     reference fits, else 2 (rounded up to a multiple of the pipeline's stages)."""
     if forced:

@@ -250,7 +250,7 @@ def test_train_memory_estimate_within_30_percent_of_the_cpu_peak(tmp_path: Path)
     each rank's peak anonymous memory against the estimate the fit check uses."""
     from sweepbench.benchmarks.train import TrainBenchmark, build_job
     from sweepbench.train.plan import layout_bytes, build_plan
-    from sweepbench.train.shape import Shape
+    from sweepbench.train.shape import shape_of
 
     run = run_sweepbench(MEMORY_GRID, sweep_dir=tmp_path / "sweep", timeout=300)
     assert run.rc == 0, run.describe()
@@ -260,7 +260,7 @@ def test_train_memory_estimate_within_30_percent_of_the_cpu_peak(tmp_path: Path)
         estimate = TrainBenchmark.memory_bytes(cfg, metrics["world_size"])
         peaks = [r["host_peak_anon_bytes"] for r in metrics["results"]["memory_per_rank"]]
         assert len(peaks) == 2 and all(0.7 * estimate <= p <= 1.3 * estimate for p in peaks), (estimate, peaks)
-        plan, shape = build_plan(build_job(cfg)), Shape.of(cfg.model)
+        plan, shape = build_plan(build_job(cfg)), shape_of(cfg.model)
         seen[cfg.benchmark.dp_shard] = layout_bytes(shape, plan, lora_rank=0, dp_shard=cfg.benchmark.dp_shard,
                                                     ac="none")
     assert seen["ddp"] > 2 * seen["fsdp"]  # DDP's rank holds the whole model (and a copy of its gradients)

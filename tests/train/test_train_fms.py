@@ -113,10 +113,10 @@ def test_packed_attention_that_crosses_documents_is_caught() -> None:
     from sweepbench.train.model import Attention, sdpa_attention
     from sweepbench.train.packing import PackedTask, check_documents
     from sweepbench.train.plan import TrainPlan
-    from sweepbench.train.shape import Shape
+    from sweepbench.parallel.specs import ModelShape
     from sweepbench.train.trainer import Trainer, TrainOptions
 
-    shape = Shape(2, 32, 4, 2, 64, 128)
+    shape = ModelShape("t", 2, 32, 4, 2, 64, 128)
     plan = TrainPlan(tp=1, pp=1, dp=1, cp=1, seq_len=64, micro_batch=2, global_batch=2, precision="fp32",
                      stages_per_rank=1)
     model = Trainer(shape, plan, TrainOptions(padding_free=True), device=torch.device("cpu")).parts[0]

@@ -69,11 +69,11 @@ def test_preset_dry_run_lists_its_jobs_and_baselines(tmp_path: Path, compose: An
 
 @pytest.mark.parametrize("model,params", [("mistral_7b", 7.24e9), ("llama2_70b", 68.98e9)])
 def test_larger_shapes_count_their_published_parameters(compose: Any, model: str, params: float) -> None:
-    from sweepbench.train.shape import Shape
+    from sweepbench.train.shape import shape_of
 
     cfg = compose("benchmark=train", "experiment=fms_peft_bnb", f"model={model}")
     assert cfg.model.seq_len == 4096 and cfg.model.vocab_size == 32000
-    assert Shape.of(cfg.model).num_params() == pytest.approx(params, rel=0.01)
+    assert shape_of(cfg.model).num_params() == pytest.approx(params, rel=0.01)
 
 
 def test_presets_plan_at_the_larger_shapes(tmp_path: Path, compose: Any) -> None:

@@ -69,10 +69,11 @@ def test_memory_and_rate_columns(layouts: SweepRun) -> None:
 
 
 def test_mfu_hand_count(layouts: SweepRun, compose: Any) -> None:
-    from sweepbench.train.shape import Shape, flops_per_token
+    from sweepbench.parallel.specs import ModelShape
+    from sweepbench.train.shape import flops_per_token
 
-    assert Shape(4, 64, 8, 8, 256, 512).num_params() == HAND_PARAMS == 328256
-    assert flops_per_token(Shape(4, 64, 8, 8, 256, 512), 128) == HAND_FLOPS_PER_TOKEN
+    assert ModelShape("t", 4, 64, 8, 8, 256, 512).num_params() == HAND_PARAMS == 328256
+    assert flops_per_token(ModelShape("t", 4, 64, 8, 8, 256, 512), 128) == HAND_FLOPS_PER_TOKEN
     for layout in LAYOUTS:
         m = _job(layouts, compose, layout)
         r, s = m["results"], m["results"]["summary"]
@@ -87,9 +88,10 @@ def test_mfu_hand_count(layouts: SweepRun, compose: Any) -> None:
 
 
 def test_lora_counts_frozen_weights_as_forward_and_input_grad() -> None:
-    from sweepbench.train.shape import Shape, flops_per_token
+    from sweepbench.parallel.specs import ModelShape
+    from sweepbench.train.shape import flops_per_token
 
-    shape, r = Shape(4, 64, 8, 8, 256, 512), 8
+    shape, r = ModelShape("t", 4, 64, 8, 8, 256, 512), 8
     adapters = 4 * r * (2 * 64 + 2 * (64 + 64) + 2 * 64)
     assert shape.lora_params(r) * 4 == adapters
     expected = 4 * (HAND_PARAMS - 512 * 64) + 6 * adapters + 6 * 4 * 8 * 2 * 8 * 128

@@ -101,10 +101,10 @@ def test_fp8_converts_block_linears_not_the_output(recipe: str) -> None:
 
     from sweepbench.train.fp8 import apply_fp8
     from sweepbench.train.model import Transformer
-    from sweepbench.train.shape import Shape
+    from sweepbench.parallel.specs import ModelShape
 
     with torch.device("meta"):
-        model = Transformer(Shape(2, 64, 8, 8, 256, 512))
+        model = Transformer(ModelShape("t", 2, 64, 8, 8, 256, 512))
     apply_fp8(model, recipe=recipe, fsdp=True)
     converted = {name for name, mod in model.named_modules() if isinstance(mod, Float8Linear)}
     linears = {name for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)}
