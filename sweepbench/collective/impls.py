@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from sweepbench.core import Registry, load_entry
 
-ALL_OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv"]  # ops.OPS
+ALL_OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv"]  # ops.OPS, torch-free (a test keeps them equal)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 

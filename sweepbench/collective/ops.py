@@ -10,6 +10,7 @@ from typing import Any, Callable, cast
 import torch
 import torch.distributed as dist
 
+from sweepbench.core import Registry
 from sweepbench.measure.stats import summarize
 from sweepbench.measure.timing import ops_per_sample, sampling, time_iterations
 
@@ -92,14 +93,13 @@ class OpSpec:
     min_ranks: int = 1
 
 
-OPS: dict[str, OpSpec] = {
-    "all_reduce": OpSpec(_all_reduce, lambda n: 2 * (n - 1) / n),
-    "all_gather": OpSpec(_all_gather, lambda n: (n - 1) / n),
-    "reduce_scatter": OpSpec(_reduce_scatter, lambda n: (n - 1) / n),
-    "broadcast": OpSpec(_broadcast, lambda n: 1.0),
-    "all_to_all": OpSpec(_all_to_all, lambda n: (n - 1) / n),
-    "send_recv": OpSpec(_send_recv, lambda n: 1.0, min_ranks=2),
-}
+OPS: Registry[OpSpec] = Registry("collective op", ordered=True)
+OPS.add("all_reduce", OpSpec(_all_reduce, lambda n: 2 * (n - 1) / n))
+OPS.add("all_gather", OpSpec(_all_gather, lambda n: (n - 1) / n))
+OPS.add("reduce_scatter", OpSpec(_reduce_scatter, lambda n: (n - 1) / n))
+OPS.add("broadcast", OpSpec(_broadcast, lambda n: 1.0))
+OPS.add("all_to_all", OpSpec(_all_to_all, lambda n: (n - 1) / n))
+OPS.add("send_recv", OpSpec(_send_recv, lambda n: 1.0, min_ranks=2))
 
 
 class Mismatch(AssertionError):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from sweepbench.core import Registry
 from sweepbench.record.atomic import read_json
 
 PENDING = frozenset(
@@ -174,7 +175,9 @@ class LocalWatcher:
                 t.info = JobState(state="COMPLETED" if ok else "FAILED", elapsed_s=t.info.elapsed_s)
 
 
-WATCHERS: dict[str, Callable[[], Watcher]] = {"slurm": SlurmWatcher, "local": LocalWatcher}
+WATCHERS: Registry[Callable[[], Watcher]] = Registry("cluster watcher")
+WATCHERS.add("slurm", SlurmWatcher)
+WATCHERS.add("local", LocalWatcher)
 
 
 def is_final(t: Tracked) -> bool:

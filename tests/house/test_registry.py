@@ -63,3 +63,18 @@ def test_declared_code_is_imported_on_first_lookup(tmp_path: Path, monkeypatch: 
     assert reg.get("m")() == "hi" and "registry_probe_module" in sys.modules
     for name in probes:
         sys.modules.pop(name, None)
+
+
+def test_collective_ops_and_cluster_watchers_are_registries() -> None:
+    """The collective ops the engine runs are the ones the driver's checks list (ALL_OPS, kept
+    torch-free), in the same order; an unknown op or cluster is one line naming the valid ones."""
+    from sweepbench.collective.impls import ALL_OPS
+    from sweepbench.collective.ops import OPS
+    from sweepbench.slurm.watch import WATCHERS
+
+    assert OPS.names() == tuple(ALL_OPS)
+    assert WATCHERS.names() == ("local", "slurm")
+    with pytest.raises(ValueError, match="unknown collective op 'gather'; valid: all_reduce, all_gather"):
+        OPS["gather"]
+    with pytest.raises(ValueError, match="unknown cluster watcher 'pbs'; valid: local, slurm"):
+        WATCHERS["pbs"]
