@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 from sweepbench.core import Registry, load_entry
 
-ALL_OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv"]  # ops.OPS, torch-free (a test keeps them equal)
+# ops.OPS, torch-free for the driver (a test keeps the two the same list)
+ALL_OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv"]
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
