@@ -92,7 +92,7 @@ def _page_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _page_derive(rows: list[dict[str, Any]], pool: list[dict[str, Any]]) -> None:
     for r in rows:
-        if r.get("floor_ms"):
+        if r.get("floor_ms") and float(r["floor_ms"]) > 0:  # a refit that moves no bytes has no floor to meet
             ratio = float(r["median_ms"]) / float(r["floor_ms"])
             r.update(ratio_to_floor=ratio, meets_target=ratio <= 1.2)
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sweepbench.record import METRICS_FILE, ROUNDS_DIR
 from sweepbench.record.atomic import write_atomic
 
 RUN_NAME = re.compile(r"^(?P<benchmark>[a-z]+)_(?P<machine>[a-z0-9]+)_(?P<date>\d{4}-\d{2}-\d{2})(?:_(?P<what>.+?))?$")
@@ -299,9 +300,12 @@ def render_all(root: Path) -> dict[str, str]:
 def add_run(sweep: Path, root: Path, name: str, *, command: str = "") -> Path:
     """Keep a finished sweep as the raw run ``root/runs/<name>``: results.csv from each job's
     metrics.json through its benchmark's ``PageSpec.rows`` (a failed job as one row with its
-    status and error), each job's metrics.json and env.json, command.txt (``command``, else the
-    sweep's recorded overrides), env.json (the first job's versions) and run.json (after the runs
-    already kept for that machine and day). Written beside and renamed in: never half there."""
+    status and error), each job's metrics.json and env.json (its rounds' too, under
+    ``<tag>/rounds/<r>/``), command.txt (``command``, else the sweep's recorded overrides),
+    env.json (the first job's versions) and run.json (after the runs already kept for that machine
+    and day). A job run in rounds (``sweep.repeats``) gives the rows of its combined record; where
+    not all its rounds ended ok, the rows of each round that did, so that what was measured is
+    kept. Written beside and renamed in: never half there."""
     from sweepbench.benchmarks.registry import benchmark_names, get_benchmark
 
     m = RUN_NAME.match(name)
@@ -313,7 +317,7 @@ def add_run(sweep: Path, root: Path, name: str, *, command: str = "") -> Path:
     dest = root / "runs" / name
     if dest.exists():
         raise ValueError(f"{dest} exists; give the run another name (a repeat the same day: {name}_2)")
-    jobs = sorted(sweep.rglob("metrics.json"))
+    jobs = sorted(p for p in sweep.glob(f"*/{METRICS_FILE}"))  # a job's own record, not its rounds'
     if not jobs:
         raise ValueError(f"{sweep}: no metrics.json under it; valid: a sweep directory whose jobs ran")
     spec = get_benchmark(m["benchmark"]).page()
@@ -323,25 +327,32 @@ def add_run(sweep: Path, root: Path, name: str, *, command: str = "") -> Path:
     tmp = root / "runs" / f".{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     for path in jobs:
-        text = path.read_text()  # read once: parsed for the rows, kept as it is
-        job = json.loads(text)
-        if job.get("benchmark") != m["benchmark"]:
-            raise ValueError(f"{path}: a {job.get('benchmark')} job in a run named for {m['benchmark']}")
-        base = {
-            "benchmark": m["benchmark"],
-            "status": job["status"],
-            "verified": job.get("verified"),
-            "tag": job["tag"],
-            "error": job.get("error") or "",
-        }
-        cases = spec.rows(job) if job["status"] == "ok" else []
-        rows += [{**r, **base} for r in cases] or [{**base, "world_size": job.get("world_size")}]
-        (tmp / job["tag"]).mkdir(parents=True, exist_ok=True)
-        write_atomic(tmp / job["tag"] / "metrics.json", text)
-        if (path.parent / "env.json").is_file():
-            env_text = (path.parent / "env.json").read_text()
-            write_atomic(tmp / job["tag"] / "env.json", env_text)
-            env = env or json.loads(env_text)
+        rounds = sorted(path.parent.glob(f"{ROUNDS_DIR}/*/{METRICS_FILE}"), key=lambda p: int(p.parent.name))
+        records = []
+        for file in [path, *rounds]:
+            text = file.read_text()  # read once: parsed for the rows, kept as it is
+            record = json.loads(text)
+            if record.get("benchmark") != m["benchmark"]:
+                raise ValueError(f"{file}: a {record.get('benchmark')} job in a run named for {m['benchmark']}")
+            records.append(record)
+            kept = tmp / file.parent.relative_to(sweep)
+            kept.mkdir(parents=True, exist_ok=True)
+            write_atomic(kept / METRICS_FILE, text)
+            if (file.parent / "env.json").is_file():
+                env_text = (file.parent / "env.json").read_text()
+                write_atomic(kept / "env.json", env_text)
+                env = env or json.loads(env_text)
+        job, ended = records[0], [r for r in records[1:] if r.get("status") == "ok"]
+        for record in [job] if job["status"] == "ok" or not ended else ended:
+            base = {
+                "benchmark": m["benchmark"],
+                "status": record["status"],
+                "verified": record.get("verified"),
+                "tag": job["tag"],
+                "error": record.get("error") or "",
+            }
+            cases = spec.rows(record) if record["status"] == "ok" else []
+            rows += [{**r, **base} for r in cases] or [{**base, "world_size": record.get("world_size")}]
     cols = list(dict.fromkeys(k for r in rows for k in ("benchmark", *r)))
     write_atomic(tmp / "results.csv", _csv_text([{c: r.get(c, "") for c in cols} for r in rows]))
     write_atomic(tmp / "command.txt", (command or _command_of(sweep)) + "\n")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -160,3 +161,32 @@ def test_cudnn_version_written_as_people_do():
 
     assert (_cudnn(91900), _cudnn(8907), _cudnn(None)) == ("9.19.0", "8.9.7", "")
     assert "cudnn" in capture_env()  # recorded with every job (None without cuDNN)
+
+
+def test_a_sweep_run_in_rounds_gives_a_row_per_job_and_keeps_every_round(compare_sweeps, tmp_path):
+    """A job run in rounds (sweep.repeats) is one row, its combined record's; its rounds' records are
+    kept beside it. Where not all its rounds ended ok, each round that did is a row."""
+    base = compare_sweeps["base"]
+    (tmp_path / "root" / "runs").mkdir(parents=True)
+    assert main(["--root", str(tmp_path / "root"), "--add", str(base.sweep_dir), "--name", "refit_cpu_2026-01-01"]) == 0
+    run = tmp_path / "root" / "runs" / "refit_cpu_2026-01-01"
+    [row] = list(csv.DictReader((run / "results.csv").open()))
+    tag = row["tag"]
+    combined = base.metrics(tag)
+    assert float(row["median_ms"]) == combined["results"]["cases"][0]["median_s"] * 1e3
+    kept = sorted(p.relative_to(run).as_posix() for p in run.rglob("metrics.json"))
+    assert kept == [f"{tag}/metrics.json", *(f"{tag}/rounds/{r}/metrics.json" for r in range(1, 6))]
+
+    # the sweep stopped in its last round: the driver's combined record says so, and the page
+    # keeps the four rounds that ended
+    stopped = tmp_path / "stopped"
+    shutil.copytree(base.sweep_dir, stopped)
+    (stopped / tag / "rounds" / "5" / "metrics.json").unlink()
+    record = json.loads((stopped / tag / "metrics.json").read_text())
+    record.update(status="interrupted", error="round 5 of 5: interrupted by SIGTERM")
+    (stopped / tag / "metrics.json").write_text(json.dumps(record))
+    assert main(["--root", str(tmp_path / "root"), "--add", str(stopped), "--name", "refit_cpu_2026-01-01_2"]) == 0
+    rows = list(csv.DictReader((tmp_path / "root" / "runs" / "refit_cpu_2026-01-01_2" / "results.csv").open()))
+    rounds = [json.loads((stopped / tag / "rounds" / str(r) / "metrics.json").read_text()) for r in range(1, 5)]
+    assert [float(r["median_ms"]) for r in rows] == [x["results"]["cases"][0]["median_s"] * 1e3 for x in rounds]
+    assert {r["status"] for r in rows} == {"ok"} and {r["tag"] for r in rows} == {tag}
