@@ -1,7 +1,7 @@
 """Run GPU cases kept as data (a YAML list of sweepbench overrides) and report each sweep.
 
     python bench/gpu/run_cases.py bench/gpu/cases_8gpu.yaml --out DIR [--cpu] [--case NAME ...]
-        [--archive FILE.tar] [--timeout SECONDS]
+        [--archive FILE.tar] [--timeout SECONDS] [--deadline SECONDS]
 
 With --cpu every case runs at model=tiny on gloo (plus its `cpu` overrides): the check that a
 GPU case works before a GPU machine is booked; a case with `gpu_only: <why>` is not run there.
@@ -95,7 +95,7 @@ def main() -> int:
             print(f"{case['name']}: not run (the {args.deadline:.0f} s deadline passed)", flush=True)
             not_run.append(case["name"])
             continue
-        timeout = min(t for t in (args.timeout, left) if t is not None) if (args.timeout or left) else None
+        timeout = min((t for t in (args.timeout, left) if t is not None), default=None)
         if args.cpu and case.get("gpu_only"):
             print(f"{case['name']}: not run on a CPU ({case['gpu_only']})", flush=True)
             not_run.append(case["name"])

@@ -12,13 +12,18 @@ set -uo pipefail
 before=$(cd "$1" && pwd) after=$(cd "$2" && pwd) out=$3 rounds=$4; shift 4
 mkdir -p "$out"; out=$(cd "$out" && pwd)
 py=${PYTHON:-python}
+in_tree() {  # TREE ARGS...: `python -m sweepbench ARGS` with TREE's code and config
+  local tree=$1; shift
+  (cd "$tree" && PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" "$py" -m sweepbench "$@")
+}
 for r in $(seq 1 "$rounds"); do
-  (cd "$before" && PYTHONPATH="$before${PYTHONPATH:+:$PYTHONPATH}" "$py" -m sweepbench -m "$@" hydra.sweep.dir="$out/before_$r" >"$out/before_$r.log" 2>&1)
-  echo "before_$r: exit $?"
-  (cd "$after" && PYTHONPATH="$after${PYTHONPATH:+:$PYTHONPATH}" "$py" -m sweepbench -m "$@" hydra.sweep.dir="$out/after_$r" >"$out/after_$r.log" 2>&1)
-  echo "after_$r: exit $?"
+  for side in before after; do
+    tree=$before; [ "$side" = after ] && tree=$after
+    in_tree "$tree" -m "$@" hydra.sweep.dir="$out/${side}_$r" >"$out/${side}_$r.log" 2>&1
+    echo "${side}_$r: exit $?"
+  done
 done
 for r in $(seq 1 "$rounds"); do
-  (cd "$after" && PYTHONPATH="$after${PYTHONPATH:+:$PYTHONPATH}" "$py" -m sweepbench compare "$out/before_$r" "$out/after_$r") >"$out/compare_$r.txt" 2>&1
+  in_tree "$after" compare "$out/before_$r" "$out/after_$r" >"$out/compare_$r.txt" 2>&1
   echo "compare_$r: exit $?"; cat "$out/compare_$r.txt"
 done

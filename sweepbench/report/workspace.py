@@ -111,8 +111,8 @@ def build_workspace(
     for job in sweep.jobs:
         if job.get("benchmark"):
             by_bench.setdefault(job["benchmark"], []).append(job)
+    made = {a.benchmark: a for a in answers or []}
     for bench, jobs in sorted(by_bench.items()):
-        made = {a.benchmark: a for a in answers or []}
         sections.append(varied_section(ws, wr, bench, jobs, made.get(bench)))
     for bench, jobs in sorted(by_bench.items()):
         columns = {k for j in jobs for c in (j.get("results") or {}).get("cases", []) for k in c}
