@@ -45,13 +45,16 @@ class PageSpec:
     fills computed columns of the shown rows (``pool``: every row of that machine, for a value
     taken from another case, as T1 at the per-GPU length); ``notes``, sentences that define them;
     ``rows(job)``, a job's results.csv rows in a raw run (one per measured case, from its
-    metrics.json dict, ``median_ms``/``iqr_ms``/``iters`` and the ``case`` columns at least)."""
+    metrics.json dict, ``median_ms``/``iqr_ms``/``iters`` and the ``case`` columns at least);
+    ``ways``, case columns that, like ``impl``, name a way of running the same case (the cases
+    that differ only in them are compared with each other: ``vs_fastest``)."""
 
     case: tuple[str, ...]
     columns: tuple[str, ...]
     rows: Callable[[dict[str, Any]], list[dict[str, Any]]]
     derive: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None] | None = None
     notes: tuple[str, ...] = ()
+    ways: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from sweepbench.benchmarks.base import Benchmark, BenchmarkResult, Headline, PageSpec, Plot
 from sweepbench.benchmarks.registry import register
-from sweepbench.collective.impls import ALL_OPS, DTYPE_BYTES, IMPLS, get_impl
+from sweepbench.collective.impls import ALL_OPS, DTYPE_BYTES, IMPLS, buffers_of, check_buffers, get_impl
 from sweepbench.config.schema import BenchmarkConfig
 from sweepbench.core import VerificationError
 from sweepbench.draw.units import format_bytes
@@ -39,6 +39,10 @@ class CollectiveConfig(BenchmarkConfig):
     # who runs the cases: torch | torch_graph (CUDA graphs, CUDA only) | nccl_tests | nccl_tests_graph
     # (nccl-tests -G 1; both need benchmark.nccl_tests_dir)
     impl: str = "torch"
+    # where the torch impls allocate a case's buffers: caching (torch's caching allocator) | nccl (NCCL's
+    # own allocator, ncclMemAlloc through torch.cuda.MemPool: what nccl-tests allocates, which NCCL
+    # registers itself when a CUDA graph captures the call; NCCL backend only). Peers allocate as they do.
+    buffers: str = "caching"
     nccl_tests_dir: str = ""  # impl=nccl_tests: the build directory holding all_reduce_perf, ... (nccl-tests' build/)
 
 
@@ -55,6 +59,7 @@ def _page_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         {
             "impl": b.get("impl", "torch"),
+            "buffers": c.get("buffers") or buffers_of(b.get("impl", "torch"), b.get("buffers", "caching")),
             "world_size": job["world_size"],
             "op": c["op"],
             "size_bytes": c["size_bytes"],
@@ -74,6 +79,8 @@ def _page_derive(rows: list[dict[str, Any]], pool: list[dict[str, Any]]) -> None
     default, graph-captured against nccl-tests -G) in the same run, and the ratio to it."""
     by_case = {(r["impl"], r["run"], r["world_size"], r["op"], r["size_bytes"]): r for r in pool}
     for r in rows:
+        # a run from before benchmark.buffers allocated as the impl does, torch's impls from torch's cache
+        r["buffers"] = r.get("buffers") or buffers_of(r["impl"], "caching")
         impl = IMPLS.get(r["impl"]) if r["impl"] in IMPLS else None  # a run's impl this install may not have
         ref = by_case.get((impl.reference, r["run"], r["world_size"], r["op"], r["size_bytes"])) if impl else None
         if ref and r.get("busbw_gbps"):
@@ -101,13 +108,15 @@ class CollectiveBenchmark(Benchmark):
             raise ValueError(f"benchmark.dtype={b.dtype!r}; valid: {', '.join(DTYPE_BYTES)}")
         if b.ops_per_sample < 0:
             raise ValueError(f"benchmark.ops_per_sample={b.ops_per_sample} must be >= 1 (or 0: the default, 20)")
+        check_buffers(cfg)
         get_impl(b.impl).check(cfg, cls.world_size(cfg))
 
     @classmethod
     def page(cls) -> PageSpec:
         return PageSpec(
-            case=("impl", "world_size", "op", "size_bytes"),
+            case=("impl", "buffers", "world_size", "op", "size_bytes"),
             columns=(
+                "buffers",
                 "op",
                 "size_bytes",
                 "dtype",
@@ -120,12 +129,16 @@ class CollectiveBenchmark(Benchmark):
             ),
             rows=_page_rows,
             derive=_page_derive,
+            ways=("buffers",),
             notes=(
                 "`busbw_gbps`: bus bandwidth as nccl-tests defines it (GB/s = 1e9 B/s), from the slowest "
                 "rank's median time.",
                 "`ratio`: busbw over nccl-tests' busbw for the same op and size, measured in the same run, "
                 "timed the same way: `torch` against nccl-tests as it runs by default, `torch_graph` against "
                 "nccl-tests with CUDA graphs (`-G 1`); `meets_target`: within ±5%.",
+                "`buffers`: where a case's buffers were allocated: `caching` (torch's caching allocator) or "
+                "`nccl` (NCCL's allocator, ncclMemAlloc, as nccl-tests allocates; a CUDA graph that captures "
+                "the call has NCCL register them and copy straight between them).",
             ),
         )
 

@@ -18,6 +18,8 @@ from sweepbench.core import Registry, load_entry
 # ops.OPS, torch-free for the driver (a test keeps the two the same list)
 ALL_OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv"]
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# benchmark.buffers: where the torch impls allocate a case's buffers (ops.case_buffers)
+BUFFERS = ("caching", "nccl")
 
 
 def _runs_anywhere(cfg: Any, world_size: int) -> None:
@@ -32,6 +34,8 @@ class CollectiveImpl:
     check: Callable[[Any, int], None] = _runs_anywhere
     # the peer impl that times the same way of calling (graphs against graphs), its page reference
     reference: str = ""
+    # a peer that allocates its buffers its own way, whatever benchmark.buffers says ("" = as configured)
+    allocates: str = ""
 
     def load(self) -> Callable[..., dict[str, Any]]:
         return load_entry(self.entry)
@@ -42,6 +46,12 @@ IMPLS: Registry[CollectiveImpl] = Registry("collective implementation")
 
 def get_impl(name: str) -> CollectiveImpl:
     return IMPLS.get(name, key="benchmark.impl")
+
+
+def buffers_of(impl: str, configured: str) -> str:
+    """Where a job's buffers came from: the peer's own allocation, else benchmark.buffers (an impl
+    this install does not have, from an older run, counts as configured)."""
+    return (IMPLS.get(impl).allocates if impl in IMPLS else "") or configured
 
 
 def _check_nccl_tests(cfg: Any, world_size: int) -> None:
@@ -60,15 +70,31 @@ IMPLS.add(
 )
 
 
-def _check_cuda(cfg: Any, world_size: int) -> None:
+def needs_gpus(cfg: Any, what: str, instead: str) -> None:
+    """Refuse (one line) a job whose ``what`` runs on GPUs where its backend is not a GPU's; on
+    backend=auto this machine has none, so the job is one this machine cannot run."""
     from sweepbench.config.validate import GPU_BACKENDS, resolve_backend
     from sweepbench.core import NotOnThisMachine
 
-    if resolve_backend(cfg.backend.name) not in GPU_BACKENDS:  # on auto: this machine has no GPU
+    if resolve_backend(cfg.backend.name) not in GPU_BACKENDS:
         raise (NotOnThisMachine if cfg.backend.name == "auto" else ValueError)(
-            f"benchmark.impl=torch_graph captures CUDA graphs: it runs on GPUs, not backend={cfg.backend.name}; "
-            "use backend=nccl (or auto on a GPU machine), or impl=torch"
+            f"{what}: it runs on GPUs, not backend={cfg.backend.name}; use backend=nccl (or auto on a GPU machine), "
+            f"or {instead}"
         )
+
+
+def check_buffers(cfg: Any) -> None:
+    """benchmark.buffers: one of BUFFERS; ``nccl`` (NCCL's allocator) on GPUs only, and for the impls
+    that allocate as configured."""
+    b = cfg.benchmark
+    if b.buffers not in BUFFERS:
+        raise ValueError(f"benchmark.buffers={b.buffers!r}; valid: {', '.join(BUFFERS)}")
+    if b.buffers == "nccl" and not get_impl(b.impl).allocates:
+        needs_gpus(cfg, "benchmark.buffers=nccl allocates through NCCL's allocator", "benchmark.buffers=caching")
+
+
+def _check_cuda(cfg: Any, world_size: int) -> None:
+    needs_gpus(cfg, "benchmark.impl=torch_graph captures CUDA graphs", "impl=torch")
 
 
 IMPLS.add(
@@ -87,6 +113,7 @@ IMPLS.add(
         "sweepbench.collective.nccl_tests:run_cases",
         "NVIDIA's nccl-tests binaries (benchmark.nccl_tests_dir), one process driving every GPU of the node",
         check=_check_nccl_tests,
+        allocates="nccl",
     ),
 )
 IMPLS.add(
@@ -96,5 +123,6 @@ IMPLS.add(
         "nccl_tests with CUDA graphs (-G 1): each sample's calls captured as "
         "one graph, launched once (what torch_graph times)",
         check=_check_nccl_tests,
+        allocates="nccl",
     ),
 )

@@ -4,8 +4,9 @@ the ``torch`` implementation of the collective benchmark, which times them with 
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, cast
+from typing import Any, Callable, ContextManager, cast
 
 import torch
 import torch.distributed as dist
@@ -156,9 +157,33 @@ class _Sample:
             verify_once(self.op, b, self.size, self.rank)
 
 
-def _captured(run: Callable[[], object], k: int, device: torch.device) -> Callable[[], None]:
-    """k back-to-back calls of ``run`` captured once as a CUDA graph; returns its replay. The calls
-    run once first on a side stream (outside the capture), as torch's CUDA-graph recipe asks."""
+def nccl_pool(device: torch.device) -> Any:
+    """A memory pool of NCCL's own allocator (ncclMemAlloc) for the default group's NCCL
+    communicator on ``device``: the memory nccl-tests allocates its buffers from. NCCL registers such
+    memory itself when a CUDA graph captures a call on it, and then copies straight between the
+    ranks' buffers (no staging through its own); caching-allocator memory does not qualify."""
+    backend = dist.distributed_c10d._get_default_group()._get_backend(device)
+    allocator = getattr(backend, "mem_allocator", None)
+    if allocator is None:
+        raise RuntimeError(
+            f"benchmark.buffers=nccl: torch {torch.__version__}'s {type(backend).__name__} has no mem_allocator "
+            "(NCCL's allocator); use benchmark.buffers=caching"
+        )
+    return torch.cuda.MemPool(allocator)
+
+
+def case_buffers(buffers: str, device: torch.device) -> tuple[Any, ContextManager[Any]]:
+    """(pool, context) to build a case's buffers in: ``caching``, torch's caching allocator; ``nccl``,
+    NCCL's (``nccl_pool``). The pool must outlive the buffers and any graph captured on them."""
+    if buffers == "nccl":
+        pool = nccl_pool(device)
+        return pool, torch.cuda.use_mem_pool(pool, device=device)
+    return None, nullcontext()
+
+
+def _captured(run: Callable[[], object], k: int, device: torch.device) -> torch.cuda.CUDAGraph:
+    """k back-to-back calls of ``run`` captured once as a CUDA graph (replay it to run them). The
+    calls run once first on a side stream (outside the capture), as torch's CUDA-graph recipe asks."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
@@ -170,7 +195,42 @@ def _captured(run: Callable[[], object], k: int, device: torch.device) -> Callab
         for _ in range(k):
             run()
     torch.cuda.synchronize(device)
-    return graph.replay
+    return graph
+
+
+def _timed(
+    op: str, size: int, bufs: Buffers, *, rank: int, world_size: int, device: torch.device, cfg: Any, graph: bool
+) -> tuple[list[float], int]:
+    """time_case's samples on built buffers: (per-call times, calls per sample). A captured graph
+    is reset before it returns (NCCL's registration of the buffers ends with it)."""
+    verify_once(op, bufs, size, rank)
+    k = ops_per_sample(cfg.ops_per_sample, short_ops=True)
+    sample = _Sample(op, bufs, size, rank, world_size)
+    if not graph:
+        times = time_iterations(
+            sample.counted(bufs.run, 1),
+            warmup=cfg.warmup,
+            iters=cfg.iters,
+            device=device,
+            before=sample.reset,
+            after=sample.check,
+            ops_per_sample=k,
+        )
+        return times, k
+    captured = _captured(bufs.run, k, device)
+    try:
+        # cfg.warmup calls: whole replays of k, at least one
+        times = time_iterations(
+            sample.counted(captured.replay, k),
+            warmup=max(1, -(-cfg.warmup // k)),
+            iters=cfg.iters,
+            device=device,
+            before=sample.reset,
+            after=sample.check,
+        )
+    finally:
+        captured.reset()
+    return [t / k for t in times], k
 
 
 def time_case(
@@ -182,32 +242,15 @@ def time_case(
     sample is one replay (the host's cost to issue each call is gone: nccl-tests' ``-G``)."""
     n, itemsize = world_size, getattr(torch, cfg.dtype).itemsize
     numel = max(n, size // itemsize // n * n)  # a multiple of n elements, as nccl-tests does
-    bufs = OPS[op].build(numel, rank, n, getattr(torch, cfg.dtype), device)
-    verify_once(op, bufs, size, rank)
-    k = ops_per_sample(cfg.ops_per_sample, short_ops=True)
-    sample = _Sample(op, bufs, size, rank, n)
-    if graph:
-        replay = sample.counted(_captured(bufs.run, k, device), k)
-        # cfg.warmup calls: whole replays of k, at least one
-        times = time_iterations(
-            replay,
-            warmup=max(1, -(-cfg.warmup // k)),
-            iters=cfg.iters,
-            device=device,
-            before=sample.reset,
-            after=sample.check,
-        )
-        times = [t / k for t in times]
-    else:
-        times = time_iterations(
-            sample.counted(bufs.run, 1),
-            warmup=cfg.warmup,
-            iters=cfg.iters,
-            device=device,
-            before=sample.reset,
-            after=sample.check,
-            ops_per_sample=k,
-        )
+    buffers = getattr(cfg, "buffers", "caching")
+    pool, where = case_buffers(buffers, device)
+    with where:
+        bufs = OPS[op].build(numel, rank, n, getattr(torch, cfg.dtype), device)
+    times, k = _timed(op, size, bufs, rank=rank, world_size=n, device=device, cfg=cfg, graph=graph)
+    del bufs  # the buffers (and any graph on them: _timed drops it) go before their pool
+    if pool is not None:
+        torch.cuda.synchronize(device)
+        del pool
     stats = summarize(times)
     s_bytes = numel * itemsize
     algbw = s_bytes / stats["median_s"] / 1e9
@@ -216,6 +259,7 @@ def time_case(
         "size_bytes": s_bytes,
         "dtype": cfg.dtype,
         "impl": "torch_graph" if graph else "torch",
+        "buffers": buffers,
         "times_s": times,
         **stats,
         "warmup": cfg.warmup,

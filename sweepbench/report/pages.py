@@ -167,7 +167,7 @@ def build_page(benchmark: str, machine: str, runs: list[Run], spec: Any) -> tupl
         shown.append({**pick, "other_runs": "; ".join(others)})
     if spec.derive:
         spec.derive(shown, pool)
-    group_keys = [k for k in spec.case if k not in ("impl", "strategy")]
+    group_keys = [k for k in spec.case if k not in ("impl", "strategy", *spec.ways)]
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for row in shown:
         groups.setdefault(tuple(row.get(k, "") for k in group_keys), []).append(row)

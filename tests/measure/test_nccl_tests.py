@@ -390,3 +390,33 @@ def test_torch_graph_is_planned_from_a_host_without_gpus_and_refused_on_gloo(com
     with pytest.raises(ValueError, match="not backend=gloo") as err:
         validate_config(compose("parallelism=tp2", "benchmark.impl=torch_graph", "backend=gloo"), plan=True)
     assert not isinstance(err.value, NotOnThisMachine)
+
+
+def test_nccl_buffers_are_refused_off_gpus_and_a_bad_value_names_the_valid_ones(compose: Any) -> None:
+    """benchmark.buffers=nccl allocates through NCCL's allocator: on gloo it is bad input, one line; a peer
+    that allocates its own way (nccl-tests: ncclMemAlloc) is not refused for it; a bad value names both."""
+    from sweepbench.core import NotOnThisMachine
+    from sweepbench.launch.preflight import validate, validate_config
+
+    why = "benchmark.buffers=nccl allocates through NCCL's allocator: it runs on GPUs, not backend=gloo"
+    with pytest.raises(ValueError, match=f"^{why}; use backend=nccl") as err:
+        validate_config(compose("parallelism=tp2", "benchmark.buffers=nccl", "backend=gloo"), plan=True)
+    assert not isinstance(err.value, NotOnThisMachine)
+    with pytest.raises(ValueError, match=f"^{why}"):
+        validate(compose("parallelism=tp2", "benchmark.buffers=nccl"))  # auto gives this host gloo
+    with pytest.raises(ValueError, match=r"^benchmark.buffers='pinned'; valid: caching, nccl$"):
+        validate(compose("parallelism=tp2", "benchmark.buffers=pinned"))
+
+
+def test_the_page_names_each_rows_buffers_and_ranks_them_as_ways_of_one_case() -> None:
+    """A row from before benchmark.buffers: torch's impls allocated from torch's cache, nccl-tests with
+    ncclMemAlloc; the page's cases split by buffers but compare across them (a way, like impl)."""
+    from sweepbench.benchmarks.collective import CollectiveBenchmark, _page_derive
+
+    rows = [{"impl": i, "run": "r", "world_size": 2, "op": "all_gather", "size_bytes": 1 << 20, "busbw_gbps": 1.0}
+            for i in ("torch", "torch_graph", "nccl_tests", "nccl_tests_graph")]
+    rows.append({**rows[1], "buffers": "nccl"})
+    _page_derive(rows, rows)
+    assert [r["buffers"] for r in rows] == ["caching", "caching", "nccl", "nccl", "nccl"]
+    spec = CollectiveBenchmark.page()
+    assert "buffers" in spec.case and spec.ways == ("buffers",) and "buffers" in spec.columns
