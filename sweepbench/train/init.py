@@ -9,6 +9,7 @@ model's weight, whatever the layout, and no rank sends anything."""
 from __future__ import annotations
 
 import zlib
+from typing import Callable
 
 import torch
 from torch import nn
@@ -40,16 +41,42 @@ def full_value(name: str, shape: torch.Size, *, model: Transformer, seed: int, d
 
 
 @torch.no_grad()
-def init_weights(model: Transformer, *, seed: int, device: torch.device, dtype: torch.dtype) -> None:
+def init_weights(
+    model: Transformer,
+    *,
+    seed: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    each_block: Callable[[nn.Module], None] | None = None,
+) -> None:
     """Materialise a meta-device model (any tensor-parallel plan already applied) on ``device``
-    in ``dtype`` and fill it deterministically. Called before FSDP/DDP wrap the model."""
+    in ``dtype`` and fill it deterministically. Called before FSDP/DDP wrap the model.
+    ``each_block``: the model is materialised one block at a time, each handed to it as soon as it
+    is filled (a quantizer: a 4-bit base then never holds more than one block in ``dtype``)."""
     model.to(dtype=dtype)  # still on meta: only the dtype changes
-    model.to_empty(device=device)
-    for raw_name, param in model.named_parameters():
-        name = canonical_name(raw_name)
-        full = full_value(name, param.shape, model=model, seed=seed, device=device)
-        if isinstance(param, DTensor):
-            piece = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
-            param.to_local().copy_(piece.to_local())
-        else:
-            param.copy_(full)
+    if each_block is None:
+        model.to_empty(device=device)
+        _fill(model, "", model=model, seed=seed, device=device)
+        return
+    for key, block in model.layers.items():
+        block.to_empty(device=device)
+        _fill(block, f"layers.{key}.", model=model, seed=seed, device=device)
+        each_block(block)
+    for name, child in model.named_children():
+        if name != "layers":
+            child.to_empty(device=device)
+            _fill(child, f"{name}.", model=model, seed=seed, device=device)
+
+
+def _fill(module: nn.Module, prefix: str, *, model: Transformer, seed: int, device: torch.device) -> None:
+    for raw_name, param in module.named_parameters():
+        _fill_one(prefix + canonical_name(raw_name), param, model=model, seed=seed, device=device)
+
+
+def _fill_one(name: str, param: torch.Tensor, *, model: Transformer, seed: int, device: torch.device) -> None:
+    full = full_value(name, param.shape, model=model, seed=seed, device=device)
+    if isinstance(param, DTensor):
+        piece = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+        param.to_local().copy_(piece.to_local())
+    else:
+        param.copy_(full)

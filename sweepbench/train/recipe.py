@@ -98,9 +98,20 @@ def reference_options(opts: Any) -> Any:
     return replace(opts, impl="ours", fused="none", quant=f"{opts.quant}_dense" if opts.quant != "none" else "none")
 
 
-def apply_recipe(model: Any, opts: Any, *, device: Any) -> None:
-    """Quantize, fuse and pack ``model`` (a whole or pipeline-stage Transformer) as ``opts`` say."""
-    quant = (REFERENCE_QUANTS if opts.quant in REFERENCE_QUANTS else QUANTS).get(opts.quant)
+def block_quantizer(opts: Any) -> Callable[[Any], None] | None:
+    """``benchmark.quant``'s quantizer for one block, to apply as each block is initialised (the
+    base is then never whole in the training precision: a 70B base in bf16 fills an H200), or None
+    where the job's base is not quantized (the reference's dense rounding runs in apply_recipe)."""
+    apply = QUANTS.get(opts.quant) if opts.quant in QUANTS else None
+    if apply is None:
+        return None
+    return lambda block: apply(block, opts.quant)
+
+
+def apply_recipe(model: Any, opts: Any, *, device: Any, quantized: bool = False) -> None:
+    """Quantize, fuse and pack ``model`` (a whole or pipeline-stage Transformer) as ``opts`` say;
+    ``quantized``: its blocks were quantized as they were initialised (``block_quantizer``)."""
+    quant = None if quantized else (REFERENCE_QUANTS if opts.quant in REFERENCE_QUANTS else QUANTS).get(opts.quant)
     for apply, value in ((quant, opts.quant), (FUSED.get(opts.fused), opts.fused)):
         if apply is not None:
             apply(model, value)

@@ -22,7 +22,7 @@ from sweepbench.train.parallelize import apply_ac, apply_compile, apply_ddp, app
 from sweepbench.train.pipeline import analytic_bubble, schedule_bubble, schedule_spec
 from sweepbench.train.pipeline import stage_ids as pipeline_stage_ids
 from sweepbench.train.plan import TrainPlan
-from sweepbench.train.recipe import apply_recipe
+from sweepbench.train.recipe import apply_recipe, block_quantizer
 from sweepbench.parallel.specs import ModelShape
 
 DTYPES = {"fp32": torch.float32, "mixed": torch.float32, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
@@ -139,8 +139,9 @@ class Trainer:
         apply_ac(model, self.opts.ac)
         if self.opts.compile:
             apply_compile(model)
-        init_weights(model, seed=self.opts.seed, device=self.device, dtype=self.dtype)
-        apply_recipe(model, self.opts, device=self.device)
+        quantize = block_quantizer(self.opts)
+        init_weights(model, seed=self.opts.seed, device=self.device, dtype=self.dtype, each_block=quantize)
+        apply_recipe(model, self.opts, device=self.device, quantized=quantize is not None)
         model.positions = positions if positions is not None else torch.arange(self.plan.seq_len, device=self.device)
         if self.mesh is None or self.plan.dp * self.plan.cp == 1:
             return model

@@ -107,6 +107,43 @@ def test_nf4_linear_forward_and_backward_match_dense() -> None:
         torch.testing.assert_close(gq, gd, rtol=1e-4, atol=1e-6)
 
 
+def test_a_4bit_base_is_quantized_block_by_block_as_it_is_initialised() -> None:
+    """quant=nf4 hands init_weights its quantizer: each block is quantized as soon as it is filled, so the
+    base is never whole in bf16 (a 70B one would fill an H200), and the model is the same, bit for bit, as
+    the one initialised whole and quantized after."""
+    from omegaconf import OmegaConf
+
+    from sweepbench.train import quant
+    from sweepbench.train.init import init_weights
+    from sweepbench.train.model import Transformer
+    from sweepbench.train.recipe import block_quantizer
+    from sweepbench.train.shape import shape_of
+
+    shape = shape_of(OmegaConf.create(dict(name="t", num_layers=3, hidden_size=64, num_heads=4, num_kv_heads=2,
+                                           ffn_hidden_size=128, vocab_size=256, dtype="float32", seq_len=32)))
+    seen: list[set[str]] = []
+
+    def build() -> Transformer:
+        with torch.device("meta"):
+            return Transformer(shape, lora_rank=4, lora_alpha=8.0)
+
+    whole = build()
+    init_weights(whole, seed=3, device=torch.device("cpu"), dtype=torch.bfloat16)
+    quant.apply(whole, "nf4")
+    streamed, quantize = build(), block_quantizer(OmegaConf.create({"quant": "nf4"}))
+    assert quantize is not None and block_quantizer(OmegaConf.create({"quant": "none"})) is None
+
+    def each(block: torch.nn.Module) -> None:  # when a block is handed over, no later block is on a device yet
+        seen.append({str(p.device) for b in streamed.layers.values() if b is not block for p in b.parameters()})
+        quantize(block)
+
+    init_weights(streamed, seed=3, device=torch.device("cpu"), dtype=torch.bfloat16, each_block=each)
+    assert seen[0] == {"meta"} and seen[1] == {"cpu", "meta"} and len(seen) == 3
+    a, b = whole.state_dict(), streamed.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert all(isinstance(m, quant.NF4Linear) for k in ("wq", "wo") for m in [streamed.layers["2"].attention.get_submodule(k)])
+
+
 def test_packed_attention_that_crosses_documents_is_caught() -> None:
     from sweepbench.core import VerificationError
     from sweepbench.train.data import SyntheticTask
