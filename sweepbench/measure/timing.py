@@ -83,13 +83,21 @@ def _nothing() -> None:
     pass
 
 
+def _all_ready(device: torch.device) -> None:
+    """Every rank's ``before`` has run (on its device too) before any rank's step starts: a peer
+    that writes straight into this rank's buffers (NCCL with registered buffers) would otherwise
+    land its data before this rank's reset, which then overwrites it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    dist.barrier()
+
+
 def _time_cuda(step: Hook, iters: int, before: Hook, after: Hook) -> list[float]:
     times = []
     for _ in range(iters):
         before()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        dist.barrier()
+        _all_ready(torch.device("cuda"))
         start.record()
         step()
         end.record()
@@ -103,7 +111,7 @@ def _time_host(step: Hook, iters: int, before: Hook, after: Hook) -> list[float]
     times = []
     for _ in range(iters):
         before()
-        dist.barrier()
+        _all_ready(torch.device("cpu"))
         tic = time.perf_counter()
         step()
         times.append(time.perf_counter() - tic)
@@ -157,11 +165,13 @@ def _time_iterations(
     if ops_per_sample > 1:
         if warmup:
             before()
+            _all_ready(device)
             _batch(step, warmup)()
             after()
         warmup, step = 0, _batch(step, ops_per_sample)
     for _ in range(warmup):
         before()
+        _all_ready(device)
         step()
         after()
     gc.collect()  # the warm-up's garbage, before the first sample; none is collected while timing

@@ -126,3 +126,36 @@ def test_no_garbage_collection_while_timing(world2: Any) -> None:
         assert rank["timed_calls"] == 10 and rank["enabled_after"]
         assert ("warmup", 2) in rank["runs"], rank["runs"]  # gc.collect() once the warm-up is done
         assert not [r for r in rank["runs"] if r[0] == "timed"], rank["runs"]
+
+
+def ordering_job(rank: int, world_size: int, k: int) -> dict[str, Any]:
+    """Rank 1's ``before`` is slow; every ``step`` start of rank 0 is stamped, and every end of rank 1's
+    ``before``: a peer that writes into rank 1's buffers must not start before rank 1's reset ends."""
+    import torch
+
+    from sweepbench.measure.timing import time_iterations
+
+    before_ends: list[float] = []
+    step_starts: list[float] = []
+
+    def before() -> None:
+        if rank == 1:
+            time.sleep(0.05)
+        before_ends.append(time.time())
+
+    def step() -> None:
+        step_starts.append(time.time())
+
+    time_iterations(step, warmup=3, iters=2, device=torch.device("cpu"), before=before, ops_per_sample=k)
+    return {"before_ends": before_ends, "step_starts": step_starts}
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_no_rank_steps_before_every_rank_has_run_its_before_hook_warm_up_included(world2: Any, k: int) -> None:
+    fast, slow = world2.run(ordering_job, k)
+    # each of rank 0's first calls after a before hook (warm-up ones included) starts after rank 1's hook ended
+    starts = fast["step_starts"]  # k > 1: the 3 warm-up calls run after one hook, then a sample of k after each
+    firsts = starts if k == 1 else [starts[0], *starts[3::k]]
+    assert len(slow["before_ends"]) == len(firsts)
+    for ended, started in zip(slow["before_ends"], firsts):
+        assert started >= ended, (started, ended)
