@@ -281,6 +281,7 @@ class TrainBenchmark(Benchmark):
             "step_max_s": stats["max_s"],
             "loss_first": r["first_loss"],
             "loss_last": r["last_loss"],
+            "lr": r["lr"],  # the adapters' with LoRA (train/run.py: lora_lr)
             "mem_torch_peak_active_gib": _gib(_max(per_rank, "peak_active_bytes")),
             "mem_torch_peak_allocated_gib": _gib(_max(per_rank, "peak_allocated_bytes")),
             "mem_torch_peak_reserved_gib": _gib(_max(per_rank, "peak_reserved_bytes")),

@@ -42,7 +42,8 @@ class TrainKnobs:
     cp_impl: str = "ring"  # the attention engine's context-parallel kernel
     lora_rank: int = 0  # 0 = full fine-tune; r > 0 = LoRA adapters on wq/wk/wv/wo, base frozen
     lora_alpha: float = 16.0
-    lora_lr_scale: float = 10.0  # adapters learn at lr * this (LoRA recipes use ~10x full fine-tune's lr)
+    # adapters learn at lr * this * min(1, 512 / hidden size) (train/run.py: lora_lr)
+    lora_lr_scale: float = 10.0
     seed: int = 0
     verify_steps: int = 2  # first steps whose loss must match the single-device reference
     verify_layers: int = 0  # 0 = full depth where the reference fits one device, else 2 layers
