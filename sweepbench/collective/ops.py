@@ -157,28 +157,41 @@ class _Sample:
             verify_once(self.op, b, self.size, self.rank)
 
 
+# (id of the default group's backend, device): (that backend, kept so that its id is not reused; its NCCL pool)
+_POOLS: dict[tuple[int, str], tuple[Any, Any]] = {}
+
+
 def nccl_pool(device: torch.device) -> Any:
-    """A memory pool of NCCL's own allocator (ncclMemAlloc) for the default group's NCCL
+    """The memory pool of NCCL's own allocator (ncclMemAlloc) for the default group's NCCL
     communicator on ``device``: the memory nccl-tests allocates its buffers from. NCCL registers such
     memory itself when a CUDA graph captures a call on it, and then copies straight between the
-    ranks' buffers (no staging through its own); caching-allocator memory does not qualify."""
+    ranks' buffers (no staging through its own); caching-allocator memory does not qualify.
+
+    One pool for the process group's life, as nccl-tests allocates once for every size: a case's
+    buffers go back to it, never to NCCL. With a pool per case, a freed NCCL allocation's addresses
+    came back in the next case's, and at 4 ranks a graph-captured all_gather at 16 MiB left peers'
+    chunks unwritten on every rank (its check failed in the warm-up, twice); a peer holding a
+    registration of the freed memory under the same address would do that."""
     backend = dist.distributed_c10d._get_default_group()._get_backend(device)
-    allocator = getattr(backend, "mem_allocator", None)
-    if allocator is None:
-        raise RuntimeError(
-            f"benchmark.buffers=nccl: torch {torch.__version__}'s {type(backend).__name__} has no mem_allocator "
-            "(NCCL's allocator); use benchmark.buffers=caching"
-        )
-    return torch.cuda.MemPool(allocator)
+    key = (id(backend), str(device))
+    if key not in _POOLS:
+        allocator = getattr(backend, "mem_allocator", None)
+        if allocator is None:
+            raise RuntimeError(
+                f"benchmark.buffers=nccl: torch {torch.__version__}'s {type(backend).__name__} has no "
+                "mem_allocator (NCCL's allocator); use benchmark.buffers=caching"
+            )
+        _POOLS.clear()  # a kept rank's next job has a new group: the last one's pool goes with it
+        _POOLS[key] = (backend, torch.cuda.MemPool(allocator))
+    return _POOLS[key][1]
 
 
-def case_buffers(buffers: str, device: torch.device) -> tuple[Any, ContextManager[Any]]:
-    """(pool, context) to build a case's buffers in: ``caching``, torch's caching allocator; ``nccl``,
-    NCCL's (``nccl_pool``). The pool must outlive the buffers and any graph captured on them."""
+def case_buffers(buffers: str, device: torch.device) -> ContextManager[Any]:
+    """Where to build a case's buffers: ``caching``, torch's caching allocator; ``nccl``, NCCL's
+    (``nccl_pool``, kept for the process group's life)."""
     if buffers == "nccl":
-        pool = nccl_pool(device)
-        return pool, torch.cuda.use_mem_pool(pool, device=device)
-    return None, nullcontext()
+        return torch.cuda.use_mem_pool(nccl_pool(device), device=device)
+    return nullcontext()
 
 
 def _captured(run: Callable[[], object], k: int, device: torch.device) -> torch.cuda.CUDAGraph:
@@ -243,14 +256,9 @@ def time_case(
     n, itemsize = world_size, getattr(torch, cfg.dtype).itemsize
     numel = max(n, size // itemsize // n * n)  # a multiple of n elements, as nccl-tests does
     buffers = getattr(cfg, "buffers", "caching")
-    pool, where = case_buffers(buffers, device)
-    with where:
+    with case_buffers(buffers, device):
         bufs = OPS[op].build(numel, rank, n, getattr(torch, cfg.dtype), device)
     times, k = _timed(op, size, bufs, rank=rank, world_size=n, device=device, cfg=cfg, graph=graph)
-    del bufs  # the buffers (and any graph on them: _timed drops it) go before their pool
-    if pool is not None:
-        torch.cuda.synchronize(device)
-        del pool
     stats = summarize(times)
     s_bytes = numel * itemsize
     algbw = s_bytes / stats["median_s"] / 1e9
