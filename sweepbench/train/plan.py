@@ -101,6 +101,21 @@ FIT_FRACTION = 0.7  # the single-device reference runs at full depth where it fi
 RANK_RUNTIME_BYTES = 64 << 20
 
 
+# bitsandbytes NF4 (train/quant.py): 4 bits a weight, an 8-bit absmax per 64-weight block and an
+# fp32 scale per 256 blocks (double quantization)
+NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
+
+
+def frozen_bytes(shape: ModelShape, frozen: int, precision: str, *, quant: str) -> int:
+    """The frozen parameters' weights: with ``quant=nf4`` every block's linears (the base of a
+    QLoRA job) in NF4, the rest (embedding, norms, output projection) in the training precision."""
+    quantized = shape.num_layers * (shape.attention_params() + 3 * shape.hidden_size * shape.ffn_hidden_size)
+    if quant != "nf4":
+        quantized = 0
+    dense = frozen - quantized
+    return dense * bytes_per_param(precision, trainable=False) + int(quantized * NF4_BYTES_PER_PARAM)
+
+
 def step_transient_bytes(trainable: int, precision: str) -> int:
     """The step's transient buffers: about one more copy of the trainable parameters in their
     state dtype (gradients produced before they are accumulated, the optimizer's temporaries).
@@ -125,18 +140,20 @@ def reference_bytes(shape: ModelShape, plan: TrainPlan, *, lora_rank: int) -> in
     return states + tokens * (34 * shape.num_layers * shape.hidden_size + 8 * shape.vocab_size)
 
 
-def layout_bytes(shape: ModelShape, plan: TrainPlan, *, lora_rank: int, dp_shard: str, ac: str) -> int:
+def layout_bytes(
+    shape: ModelShape, plan: TrainPlan, *, lora_rank: int, dp_shard: str, ac: str, quant: str = "none"
+) -> int:
     """One rank of the layout: its share of the weights, gradients and AdamW states (tp and pp
     split the model; FSDP also splits it over dp and cp, DDP holds the whole of its tp/pp part on
     every dp rank), plus its activations: its micro-batch's tokens (split by cp), its layers (split
     by pp; a pipeline stage holds up to pp micro-batches at once), split by tp; and its logits.
     DDP's gradient buckets are a second copy of the gradients; the step's transient buffers are
-    split as the states are."""
+    split as the states are. ``quant``: a 4-bit base (``frozen_bytes``)."""
     trainable = shape.num_layers * shape.lora_params(lora_rank) if lora_rank else shape.num_params()
     frozen = shape.num_params(lora_rank=lora_rank) - trainable
     states = (
         trainable * bytes_per_param(plan.precision, trainable=True)
-        + frozen * bytes_per_param(plan.precision, trainable=False)
+        + frozen_bytes(shape, frozen, plan.precision, quant=quant)
         + step_transient_bytes(trainable, plan.precision)
     )
     split = plan.tp * plan.pp * (plan.dp * plan.cp if dp_shard == "fsdp" else 1)
@@ -168,7 +185,7 @@ def rank_bytes(job: TrainJob, *, device_bytes: int | None = None) -> int:
     ):
         depth = plan.num_stages * -(-2 // plan.num_stages)
     reference = reference_bytes(shape_of(job.model, num_layers=depth), single, lora_rank=lora)
-    layout = layout_bytes(shape, plan, lora_rank=lora, dp_shard=k.dp_shard, ac=k.ac)
+    layout = layout_bytes(shape, plan, lora_rank=lora, dp_shard=k.dp_shard, ac=k.ac, quant=k.quant)
     return RANK_RUNTIME_BYTES + max(reference, layout)
 
 

@@ -86,6 +86,26 @@ def test_presets_plan_at_the_larger_shapes(tmp_path: Path, compose: Any) -> None
                                          "benchmark.quant=nf4")
 
 
+RUN_70B = Path(__file__).parents[2] / "docs/results/runs/train_h200x1_2026-11-27_fms_peft_bnb_llama2_70b_nf4"
+
+
+def test_the_70b_nf4_estimate_counts_a_4bit_base_as_measured(compose: Any) -> None:
+    """On a GPU the Llama-2-70B NF4 LoRA preset is estimated with its blocks' linears at NF4's 4.13 bits
+    and verified at 2 layers: within 10% of the peak the committed H200 run allocated (and under an
+    H100's 78 GiB), where bf16 weights made it 215 GiB. A bf16 base of the same job counts 2 bytes."""
+    from sweepbench.benchmarks.train import build_job
+    from sweepbench.train.plan import rank_bytes
+
+    h200 = int(139.8 * 2**30)
+    job = ["benchmark=train", "experiment=fms_peft_bnb", "model=llama2_70b", "benchmark.ac=full",
+           "benchmark.micro_batch=1", "benchmark.impl=ours"]
+    nf4 = rank_bytes(build_job(compose(*job, "benchmark.quant=nf4")), device_bytes=h200) / 2**30
+    bf16 = rank_bytes(build_job(compose(*job, "benchmark.quant=none")), device_bytes=h200) / 2**30
+    measured = float(next(csv.DictReader((RUN_70B / "results.csv").open()))["peak_allocated_gib"])
+    assert nf4 == pytest.approx(measured, rel=0.10) and nf4 < 78, (nf4, measured)
+    assert bf16 > 128 > nf4  # 69B bf16 weights alone are 128 GiB
+
+
 @pytest.fixture(scope="module")
 def twins(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SweepRun]:
     root = tmp_path_factory.mktemp("fms_presets")
