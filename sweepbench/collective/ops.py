@@ -167,7 +167,7 @@ def nccl_pool(device: torch.device) -> Any:
     memory itself when a CUDA graph captures a call on it, and then copies straight between the
     ranks' buffers (no staging through its own); caching-allocator memory does not qualify.
 
-    One pool for the process group's life, as nccl-tests allocates once for every size: a case's
+    One pool for the job (release_pools at its end), as nccl-tests allocates once for every size: a case's
     buffers go back to it, never to NCCL. With a pool per case, a freed NCCL allocation's addresses
     came back in the next case's, and at 4 ranks a graph-captured all_gather at 16 MiB left peers'
     chunks unwritten on every rank (its check failed in the warm-up, twice); a peer holding a
@@ -186,9 +186,18 @@ def nccl_pool(device: torch.device) -> Any:
     return _POOLS[key][1]
 
 
+def release_pools() -> None:
+    """Hand the job's NCCL memory back while its communicator is still up (the buffers and graphs
+    on it are gone by now): a kept rank's next job, or the process's exit, finds none."""
+    if _POOLS:
+        torch.cuda.synchronize()
+        _POOLS.clear()
+        torch.cuda.empty_cache()
+
+
 def case_buffers(buffers: str, device: torch.device) -> ContextManager[Any]:
     """Where to build a case's buffers: ``caching``, torch's caching allocator; ``nccl``, NCCL's
-    (``nccl_pool``, kept for the process group's life)."""
+    (``nccl_pool``, kept for the job)."""
     if buffers == "nccl":
         return torch.cuda.use_mem_pool(nccl_pool(device), device=device)
     return nullcontext()
@@ -283,11 +292,14 @@ def run_torch(
 ) -> dict[str, Any]:
     """The ``torch`` implementation: every rank runs every case; returns the cases and how a sample is made."""
     cases = []
-    for op, size in grid:
-        cases.append(
-            time_case(op, size, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, cfg=cfg, graph=graph)
-        )
-        on_case(cases[-1])
+    try:
+        for op, size in grid:
+            cases.append(
+                time_case(op, size, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, cfg=cfg, graph=graph)
+            )
+            on_case(cases[-1])
+    finally:
+        release_pools()
     k = ops_per_sample(cfg.ops_per_sample, short_ops=True)
     how = sampling(warmup=cfg.warmup, iters=cfg.iters, ops_per_sample=k, device=ctx.device)
     if graph:
