@@ -157,8 +157,9 @@ class _Sample:
             verify_once(self.op, b, self.size, self.rank)
 
 
-# (id of the default group's backend, device): (that backend, kept so that its id is not reused; its NCCL pool)
-_POOLS: dict[tuple[int, str], tuple[Any, Any]] = {}
+# the job's NCCL pool: (the default group's backend, device, pool); the backend is held so that a
+# kept rank's next job, whose group is new, is told apart from it
+_POOL: tuple[Any, torch.device, Any] | None = None
 
 
 def nccl_pool(device: torch.device) -> Any:
@@ -172,26 +173,26 @@ def nccl_pool(device: torch.device) -> Any:
     came back in the next case's, and at 4 ranks a graph-captured all_gather at 16 MiB left peers'
     chunks unwritten on every rank (its check failed in the warm-up, twice); a peer holding a
     registration of the freed memory under the same address would do that."""
+    global _POOL
     backend = dist.distributed_c10d._get_default_group()._get_backend(device)
-    key = (id(backend), str(device))
-    if key not in _POOLS:
+    if _POOL is None or _POOL[0] is not backend or _POOL[1] != device:
         allocator = getattr(backend, "mem_allocator", None)
         if allocator is None:
             raise RuntimeError(
                 f"benchmark.buffers=nccl: torch {torch.__version__}'s {type(backend).__name__} has no "
                 "mem_allocator (NCCL's allocator); use benchmark.buffers=caching"
             )
-        _POOLS.clear()  # a kept rank's next job has a new group: the last one's pool goes with it
-        _POOLS[key] = (backend, torch.cuda.MemPool(allocator))
-    return _POOLS[key][1]
+        _POOL = (backend, device, torch.cuda.MemPool(allocator))  # another group's pool goes with it
+    return _POOL[2]
 
 
 def release_pools() -> None:
     """Hand the job's NCCL memory back while its communicator is still up (the buffers and graphs
     on it are gone by now): a kept rank's next job, or the process's exit, finds none."""
-    if _POOLS:
+    global _POOL
+    if _POOL is not None:
         torch.cuda.synchronize()
-        _POOLS.clear()
+        _POOL = None
         torch.cuda.empty_cache()
 
 

@@ -101,19 +101,20 @@ FIT_FRACTION = 0.7  # the single-device reference runs at full depth where it fi
 RANK_RUNTIME_BYTES = 64 << 20
 
 
-# bitsandbytes NF4 (train/quant.py): 4 bits a weight, an 8-bit absmax per 64-weight block and an
-# fp32 scale per 256 blocks (double quantization)
-NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
+# bytes a weight of a quantized base (benchmark.quant); bitsandbytes NF4 (train/quant.py): 4 bits, an
+# 8-bit absmax per 64-weight block and an fp32 scale per 256 blocks (double quantization)
+QUANT_BYTES_PER_PARAM = {"nf4": 0.5 + 1 / 64 + 4 / (64 * 256)}
 
 
 def frozen_bytes(shape: ModelShape, frozen: int, precision: str, *, quant: str) -> int:
-    """The frozen parameters' weights: with ``quant=nf4`` every block's linears (the base of a
-    QLoRA job) in NF4, the rest (embedding, norms, output projection) in the training precision."""
+    """The frozen parameters' weights: with a quantized base (``QUANT_BYTES_PER_PARAM``) every
+    block's linears at its size, the rest (embedding, norms, output projection) in the training
+    precision."""
+    per = QUANT_BYTES_PER_PARAM.get(quant)
     quantized = shape.num_layers * (shape.attention_params() + 3 * shape.hidden_size * shape.ffn_hidden_size)
-    if quant != "nf4":
-        quantized = 0
-    dense = frozen - quantized
-    return dense * bytes_per_param(precision, trainable=False) + int(quantized * NF4_BYTES_PER_PARAM)
+    if per is None:
+        return frozen * bytes_per_param(precision, trainable=False)
+    return (frozen - quantized) * bytes_per_param(precision, trainable=False) + int(quantized * per)
 
 
 def step_transient_bytes(trainable: int, precision: str) -> int:

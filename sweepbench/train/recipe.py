@@ -108,10 +108,11 @@ def block_quantizer(opts: Any) -> Callable[[Any], None] | None:
     return lambda block: apply(block, opts.quant)
 
 
-def apply_recipe(model: Any, opts: Any, *, device: Any, quantized: bool = False) -> None:
-    """Quantize, fuse and pack ``model`` (a whole or pipeline-stage Transformer) as ``opts`` say;
-    ``quantized``: its blocks were quantized as they were initialised (``block_quantizer``)."""
-    quant = None if quantized else (REFERENCE_QUANTS if opts.quant in REFERENCE_QUANTS else QUANTS).get(opts.quant)
+def apply_recipe(model: Any, opts: Any, *, device: Any) -> None:
+    """Quantize, fuse and pack ``model`` (a whole or pipeline-stage Transformer) as ``opts`` say.
+    Blocks already quantized as they were initialised (``block_quantizer``) hold no dense linear
+    for the quantizer to swap: it leaves them as they are."""
+    quant = (REFERENCE_QUANTS if opts.quant in REFERENCE_QUANTS else QUANTS).get(opts.quant)
     for apply, value in ((quant, opts.quant), (FUSED.get(opts.fused), opts.fused)):
         if apply is not None:
             apply(model, value)

@@ -139,9 +139,10 @@ class Trainer:
         apply_ac(model, self.opts.ac)
         if self.opts.compile:
             apply_compile(model)
-        quantize = block_quantizer(self.opts)
-        init_weights(model, seed=self.opts.seed, device=self.device, dtype=self.dtype, each_block=quantize)
-        apply_recipe(model, self.opts, device=self.device, quantized=quantize is not None)
+        init_weights(
+            model, seed=self.opts.seed, device=self.device, dtype=self.dtype, each_block=block_quantizer(self.opts)
+        )
+        apply_recipe(model, self.opts, device=self.device)
         model.positions = positions if positions is not None else torch.arange(self.plan.seq_len, device=self.device)
         if self.mesh is None or self.plan.dp * self.plan.cp == 1:
             return model
