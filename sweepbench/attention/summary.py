@@ -19,6 +19,20 @@ FLOP_NOTE = (
 )
 
 
+def timed_parts(r: CaseResult) -> dict[str, float]:
+    """The seconds of the timed samples behind the case by loop: fwd, bwd, fwd+bwd (0 where it is
+    T1's), no_comm, and t1 (every backend's samples, 0 where the store gave T1)."""
+    t = r.timings
+    t1 = [] if r.baseline.reused else list((r.baseline.t1.get("times_s") or {}).values())
+    return {
+        "fwd": float(sum(t.fwd)),
+        "bwd": float(sum(t.bwd)),
+        "total": 0.0 if r.schedule.total_is_t1 else float(sum(t.total)),
+        "no_comm": float(sum(t.no_comm or [])),
+        "t1": float(sum(sum(samples) for samples in t1)),
+    }
+
+
 def report_case(r: CaseResult) -> tuple[dict[str, Any], dict[str, Any]]:
     """The case dict (metrics.json) and the summary (results.csv, wandb) of one measured case."""
     c, w, shape, spec, base, times = r.case, r.world_size, r.case.shape, r.schedule.spec, r.baseline, r.timings
@@ -57,6 +71,11 @@ def report_case(r: CaseResult) -> tuple[dict[str, Any], dict[str, Any]]:
         "accumulation_dtype": "float32",
         "rotate_method": c.rotate_method if spec.context else None,  # an option of the impl's context
         "times_s": times.total,
+        # every device-timed sample this job took for the case (the job's measuring time): the fwd,
+        # bwd and fwd+bwd loops (fwd+bwd not when it is T1's), the no-communication loop, and T1's
+        # samples of every backend where this job measured T1 (not when the store gave it)
+        "timed_parts_s": (parts := timed_parts(r)),
+        "timed_s": sum(parts.values()),
         **stats["total"],
         **{f"{k}_{s}": x for k, st in stats.items() for s, x in st.items()},
         "per_rank": r.per_rank,

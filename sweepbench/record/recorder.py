@@ -32,11 +32,16 @@ def sample_ops(results: dict[str, Any]) -> int:
 
 
 def timed_seconds(cases: list[dict[str, Any]], *, ops_per_sample: int = 1) -> float:
-    """What the job's timed samples add up to: the sum of every case's ``times_s``, each sample
-    counted as many times as the operations it stands for (``ops_per_sample``, the case's own
-    value first)."""
+    """What the job's timed samples add up to: a case's own ``timed_s`` where it records one (the
+    attention case times fwd, bwd and T1 loops besides its ``times_s``), else the sum of its
+    ``times_s``, each sample counted as many times as the operations it stands for
+    (``ops_per_sample``, the case's own value first)."""
     total = 0.0
     for case in cases:
+        own = case.get("timed_s")
+        if isinstance(own, (int, float)) and not isinstance(own, bool) and own >= 0:
+            total += float(own)
+            continue
         times = case.get("times_s")
         if isinstance(times, list):
             ops = case.get(SAMPLE_OPS_KEY)

@@ -129,6 +129,28 @@ def test_t1_and_reference_measured_once_in_the_sweep_and_stored(stored: tuple[Pa
         "t1_and_reference"]
 
 
+def test_the_measuring_time_counts_every_timed_loop_and_t1_only_where_measured(stored: tuple[Path, Any, Any]) -> None:
+    """A case's timed_s (the job's measuring time) holds its fwd, bwd and fwd+bwd loops and T1's
+    samples of every backend where the job measured T1, never a stored T1's; the record sums it."""
+    store, first, second = stored
+    [entry] = [e for e in (store / "attention-t1").iterdir() if (e / "reference.pt").is_file()]
+    t1 = sum(sum(s) for s in json.loads((entry / "entry.json").read_text())["t1"]["times_s"].values())
+    for run in (first, second):
+        for m in run.all_metrics().values():
+            case = _case(m)
+            parts = case["timed_parts_s"]
+            for loop, mean in (("fwd", "fwd_mean_s"), ("bwd", "bwd_mean_s"), ("total", "mean_s")):
+                assert parts[loop] == pytest.approx(case["iters"] * case[mean], rel=1e-9), loop
+            assert (parts["no_comm"] > 0) == (case["exposed_comm_s"] is not None)
+            assert parts["t1"] == (0.0 if case["t1_reused"] else pytest.approx(t1, rel=1e-9))
+            assert case["timed_s"] == pytest.approx(sum(parts.values()), rel=1e-12)
+            assert m["timed_s"] == pytest.approx(case["timed_s"], rel=1e-12)
+            assert 0 < m["measuring_fraction"] < 1
+    # one job of the first sweep measured T1; the second sweep's came from the store, not counted
+    assert [_case(m)["timed_parts_s"]["t1"] > 0 for m in first.all_metrics().values()].count(True) == 1
+    assert all(_case(m)["timed_parts_s"]["t1"] == 0 for m in second.all_metrics().values())
+
+
 def test_a_later_sweep_reuses_the_store_and_says_where_and_when(stored: tuple[Path, Any, Any]) -> None:
     store, first, second = stored
     before = next(c for c in _t1(first).values() if not c["t1_reused"])
