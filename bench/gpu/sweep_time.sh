@@ -2,7 +2,7 @@
 # A sweep's wall time before and after a change of code, on one machine: the default attention
 # sweep at W=1 (8 jobs: MHA and GQA-8, 16K-128K) and the 1B fine-tune sweep (4 jobs: LoRA 0/16 x
 # compile off/on), each run from the tree named by its step, timed from the command's start to its
-# exit. A tree is a folder holding sweepbench/ and hydra_plugins/ (and conf/ for older trees), e.g.
+# exit. A tree is a folder holding sweepbench/, conf/ and hydra_plugins/, e.g.
 # `git archive REV sweepbench conf hydra_plugins | tar -x -C DIR`.
 #
 #   bash bench/gpu/sweep_time.sh BEFORE_TREE AFTER_TREE OUT STEP...
@@ -45,7 +45,7 @@ in_tree() {  # TREE STEP ARGS...: `python -m sweepbench -m ARGS` with TREE's cod
      hydra.sweep.dir="$out/$step") >"$out/$step.log" 2>&1
   rc=$?
   t1=$(date +%s.%N)
-  printf '%s rc=%s wall_s=%.1f\n' "$step" "$rc" "$(echo "$t1 - $t0" | bc)" | tee -a "$out/steps.txt"
+  awk -v s="$step" -v r="$rc" -v a="$t0" -v b="$t1" 'BEGIN { printf "%s rc=%s wall_s=%.1f\n", s, r, b - a }' | tee -a "$out/steps.txt"
   grep -h "measuring fraction" "$out/$step.log" | sed "s/^/  /" | tee -a "$out/steps.txt"
 }
 
