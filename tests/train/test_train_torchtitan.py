@@ -16,16 +16,27 @@ import torch
 from ..conftest import SweepRun, planned_tag, refusal, run_sweepbench
 
 # GQA (8 query heads, 4 KV heads), so tp2 splits both
-FAST = ["benchmark=train", "model=tiny", "model.num_layers=2", "model.num_kv_heads=4", "backend=gloo",
-        "benchmark.warmup=1", "benchmark.iters=3", "wandb.mode=disabled"]
+FAST = [
+    "benchmark=train",
+    "model=tiny",
+    "model.num_layers=2",
+    "model.num_kv_heads=4",
+    "backend=gloo",
+    "benchmark.warmup=1",
+    "benchmark.iters=3",
+    "wandb.mode=disabled",
+]
 LAYOUTS = ("tp1", "dp2", "tp2")
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory: pytest.TempPathFactory) -> SweepRun:
     root = tmp_path_factory.mktemp("train_titan")
-    run = run_sweepbench([*FAST, "benchmark.impl=ours,torchtitan", f"parallelism={','.join(LAYOUTS)}"],
-                         sweep_dir=root / "sweep", timeout=600)
+    run = run_sweepbench(
+        [*FAST, "benchmark.impl=ours,torchtitan", f"parallelism={','.join(LAYOUTS)}"],
+        sweep_dir=root / "sweep",
+        timeout=600,
+    )
     assert run.rc == 0, run.describe()
     return run
 
@@ -53,7 +64,8 @@ def test_results_csv_has_both_impls(sweep: SweepRun) -> None:
     with open(sweep.sweep_dir / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert sorted((r["impl"], r["parallelism"]) for r in rows) == sorted(
-        (impl, layout) for impl in ("ours", "torchtitan") for layout in LAYOUTS)
+        (impl, layout) for impl in ("ours", "torchtitan") for layout in LAYOUTS
+    )
     assert all(r["status"] == "ok" and float(r["tokens_per_s_per_gpu"]) > 0 for r in rows)
 
 
@@ -109,7 +121,7 @@ def test_cp_exits_2_before_ranks(tmp_path: Path) -> None:
     assert len(lines) == 1 and "benchmark.impl=torchtitan with parallelism tp=1 pp=1 cp=2" in lines[0], run.stderr
 
 
-HIDE = '''import sys
+HIDE = """import sys
 
 class HideTorchtitan:  # as if torchtitan were not installed
     def find_spec(self, name, path=None, target=None):
@@ -118,7 +130,7 @@ class HideTorchtitan:  # as if torchtitan were not installed
         return None
 
 sys.meta_path.insert(0, HideTorchtitan())
-'''
+"""
 
 
 def test_missing_torchtitan_names_the_extra(tmp_path: Path) -> None:
@@ -131,5 +143,7 @@ def test_missing_torchtitan_names_the_extra(tmp_path: Path) -> None:
     assert run.rc == 2, run.describe()
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1, run.stderr
-    assert ('benchmark.impl=torchtitan needs torchtitan, which is not installed; install it with: pip install '
-            '"sweepbench[titan]"') in lines[0], run.stderr
+    assert (
+        "benchmark.impl=torchtitan needs torchtitan, which is not installed; install it with: pip install "
+        '"sweepbench[titan]"'
+    ) in lines[0], run.stderr
