@@ -49,8 +49,8 @@ PEERS: dict[str, PeerSpec] = {
     "torchtitan": PeerSpec(
         modules=("torchtitan", "tyro", "torchdata", "datasets"),
         install='pip install "sweepbench[titan]"',
-        layouts="single device, dp (FSDP2), tp (sequence parallel) and tp x dp layouts",
-        axes=("tp",),
+        layouts="single device, dp (FSDP2), tp (sequence parallel), pp and their products",
+        axes=("tp", "pp"),
         knobs=("async_tp",),
         ac=("none", "selective", "full"),
         dp_shards=("fsdp",),

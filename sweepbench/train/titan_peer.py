@@ -1,7 +1,7 @@
 """The ``torchtitan`` train implementation: torchtitan's own llama3 ``Transformer`` laid out by its
 own parallelize pieces (``apply_tp`` with sequence parallel, ``apply_ac``, ``apply_compile``,
-``apply_fsdp``), with its own loss (summed cross-entropy over the global token count) and its own
-optimizer builder, run on the same recipe as ours so one sweep (``benchmark.impl=ours,torchtitan``)
+``apply_fsdp``) and pipeline split and schedule builder, with its own loss (summed cross-entropy
+over the global token count) and its own optimizer builder, run on the same recipe as ours so one sweep (``benchmark.impl=ours,torchtitan``)
 times both.
 
 Same shape (model args from our ``ModelShape``, nothing downloaded), same weights: torchtitan's
@@ -12,7 +12,8 @@ and at step 0 it computes our function: its losses are checked against our singl
 
 Pinned to our step where torchtitan's defaults differ (docs/benchmarks/train.md, "torchtitan"):
 no loss parallel, uncompiled loss, no gradient clipping, constant learning rate, op-level selective
-AC without saving RNG state, and the SDPA backend order plain SDPA picks from (flash first)."""
+AC without saving RNG state, the SDPA backend order plain SDPA picks from (flash first), and our
+pipeline stages with the loss scaled as without a pipeline."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from sweepbench.parallel.specs import ModelShape
 from sweepbench.train.impls import IMPLS, missing
 from sweepbench.train.init import fill_weights
 from sweepbench.train.model import ROPE_THETA
+from sweepbench.train.pipeline import analytic_bubble, schedule_bubble, schedule_spec
 from sweepbench.train.plan import TrainPlan
 
 try:
@@ -35,6 +37,7 @@ try:
     from torchtitan.config import JobConfig
     from torchtitan.distributed import ParallelDims
     from torchtitan.distributed.activation_checkpoint import apply_ac
+    from torchtitan.distributed.pipeline_parallel import build_pipeline_schedule, pipeline_module_split
     from torchtitan.distributed.tensor_parallel import maybe_enable_async_tp
     from torchtitan.distributed.utils import dist_sum
     from torchtitan.models.attention import ScaledDotProductAttentionWrapper
@@ -76,8 +79,7 @@ def model_args(shape: ModelShape, seq_len: int) -> TransformerModelArgs:
 def job_config(plan: TrainPlan, opts: Any) -> JobConfig:
     """torchtitan's JobConfig of this job, built in code (no TOML): what its builders read."""
     job = JobConfig()
-    job.training.seq_len, job.training.local_batch_size = plan.seq_len, plan.micro_batch
-    job.training.global_batch_size = plan.global_batch
+    job.training.seq_len, job.training.global_batch_size = plan.seq_len, plan.global_batch
     job.training.dtype = "bfloat16" if plan.precision == "bf16" else "float32"
     job.training.mixed_precision_param = "float32" if plan.precision == "fp32" else "bfloat16"
     job.training.mixed_precision_reduce = "float32"
@@ -90,6 +92,9 @@ def job_config(plan: TrainPlan, opts: Any) -> JobConfig:
     job.compile.enable, job.compile.components = opts.compile, ["model"]  # ours compiles the blocks only
     job.parallelism.tensor_parallel_degree = plan.tp
     job.parallelism.data_parallel_shard_degree = plan.dp
+    job.parallelism.pipeline_parallel_degree = plan.pp
+    job.parallelism.pipeline_parallel_microbatch_size = plan.micro_batch
+    job.training.local_batch_size = plan.local_batch if plan.pp > 1 else plan.micro_batch  # the pipeline splits it
     job.parallelism.disable_loss_parallel = True  # ours gathers the logits: the same plain loss on each TP rank
     job.parallelism.enable_async_tensor_parallel = opts.async_tp
     return job
@@ -97,9 +102,7 @@ def job_config(plan: TrainPlan, opts: Any) -> JobConfig:
 
 @IMPLS.register("torchtitan")
 class TitanTrainer:
-    """The same interface as ``trainer.Trainer`` on single-device, dp, tp and tp x dp layouts."""
-
-    holds_loss = True
+    """The same interface as ``trainer.Trainer`` on single-device, dp, tp and pp layouts and their products."""
 
     def __init__(
         self,
@@ -111,20 +114,36 @@ class TitanTrainer:
         mesh: DeviceMesh | None = None,
         **_: Any,
     ) -> None:
-        assert plan.pp == plan.cp == 1, "the torchtitan implementation runs dp and tp layouts (checked before launch)"
-        assert shape.hidden_size % shape.num_heads == 0 and not opts.lora_rank
-        self.plan, self.device, self.mesh = plan, device, mesh
+        assert plan.cp == 1 and not opts.lora_rank, "refused before launch (train/impls.py)"
+        self.shape, self.plan, self.opts, self.device, self.mesh = shape, plan, opts, device, mesh
         job = self.job = job_config(plan, opts)
         self.dims = ParallelDims(
-            dp_replicate=1, dp_shard=plan.dp, cp=1, tp=plan.tp, pp=1, ep=1, etp=1, world_size=plan.world_size
+            dp_replicate=1, dp_shard=plan.dp, cp=1, tp=plan.tp, pp=plan.pp, ep=1, etp=1, world_size=plan.world_size
         )
-        args = model_args(shape, plan.seq_len)
-        dtype = DTYPES[plan.precision]
-        with torch.device("meta"), set_default_dtype(dtype):
-            model = Transformer(args)
+        self.args = model_args(shape, plan.seq_len)
+        with torch.device("meta"), set_default_dtype(DTYPES[plan.precision]):
+            model = Transformer(self.args)
         ffn = model.layers["0"].feed_forward.w1.weight.shape[0]
         assert ffn == shape.ffn_hidden_size, f"torchtitan's SwiGLU width {ffn} != {shape.ffn_hidden_size}"
         _pin_sdpa(model)
+        self.sharded = mesh is not None and plan.dp > 1
+        self.loss_fn = build_cross_entropy_loss(job)
+        self.schedule = None
+        if mesh is not None and plan.pp > 1:
+            self.parts, self.schedule, self.first, self.last = self._pipeline(model, mesh)
+        else:
+            self.parts, self.first, self.last = [self._layout(model)], True, True
+        self.num_trainable = sum(p.numel() for part in self.parts for p in part.parameters() if p.requires_grad)
+        self.optimizers = build_optimizers(self.parts, job.optimizer, self.dims)
+
+    @property
+    def holds_loss(self) -> bool:
+        return self.last
+
+    def _layout(self, model: nn.Module) -> nn.Module:
+        """TP, AC, compile, our weights, FSDP: torchtitan's parallelize_llama in pieces, the weights
+        filled before FSDP shards them, as ours (torchtitan inits after, with its own init)."""
+        plan, opts, mesh, job = self.plan, self.opts, self.mesh, self.job
         if mesh is not None and plan.tp > 1:
             apply_tp(model, mesh["tp"], loss_parallel=False, enable_float8_tensorwise_tp=False)
             maybe_enable_async_tp(job, mesh["tp"])
@@ -134,57 +153,101 @@ class TitanTrainer:
             )
         if opts.compile:
             apply_compile(model, job.compile)
-        # materialised and filled before FSDP shards it, as ours (torchtitan inits after, with its own init)
-        model.to_empty(device=device)
-        fill_weights(model, shape=shape, seed=opts.seed, device=device)
-        with torch.device(device):
+        model.to_empty(device=self.device)
+        fill_weights(model, shape=self.shape, seed=opts.seed, device=self.device)
+        args = self.args
+        with torch.device(self.device):
             model.freqs_cis = precompute_freqs_cis(
-                shape.head_dim, args.max_seq_len, args.rope_theta, args.rope_scaling_args
+                self.shape.head_dim, args.max_seq_len, args.rope_theta, args.rope_scaling_args
             )
-        self.sharded = mesh is not None and plan.dp > 1
         if self.sharded and mesh is not None:
             apply_fsdp(
                 model,
                 mesh["dp"],
                 param_dtype=torch.bfloat16 if plan.precision != "fp32" else torch.float32,
                 reduce_dtype=torch.float32,
-                pp_enabled=False,
+                pp_enabled=plan.pp > 1,
             )
             _sum_on_gloo(model, mesh["dp"])
-        model.train()
-        self.model = model
-        self.num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        self.loss_fn = build_cross_entropy_loss(job)
-        self.optimizers = build_optimizers([model], job.optimizer, self.dims)
+        return model.train()
+
+    def _pipeline(self, model: nn.Module, mesh: DeviceMesh) -> tuple[list[nn.Module], Any, bool, bool]:
+        """torchtitan's pipeline split and schedule builder over our stages (equal layers per stage,
+        the embedding on the first, norm and output on the last, as ours; torchtitan's own split
+        counts the embedding and the output as a layer each). Its schedule backpropagates each
+        micro-batch's summed loss unscaled; here it is divided by the global token count first, as
+        its step without a pipeline does, so the gradients are ours."""
+        stages_total = self.plan.num_stages
+        per_stage = self.shape.num_layers // stages_total
+        names = [
+            [
+                *(["tok_embeddings"] if sid == 0 else []),
+                *(f"layers.{i}" for i in range(sid * per_stage, (sid + 1) * per_stage)),
+                *(["norm", "output"] if sid == stages_total - 1 else []),
+            ]
+            for sid in range(stages_total)
+        ]
+        name = schedule_spec(self.opts.pp_schedule).cls_name.removeprefix("Schedule")
+        self.job.parallelism.pipeline_parallel_schedule = name
+        stages, parts = pipeline_module_split(model, mesh["pp"], name, self.device, names)
+        for stage, part in zip(stages, parts):
+            stage.submod = self._layout(part)
+        schedule = build_pipeline_schedule(self.job, stages, self._pipeline_loss)
+        return parts, schedule, any(s.is_first for s in stages), any(s.is_last for s in stages)
+
+    def _pipeline_loss(self, pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(pred, labels) / self._global_tokens
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """torchtitan's train step without its clipping, scheduler and logging: each micro-batch's
-        summed loss over the global batch's token count (FSDP then sums gradients, undivided)."""
+        summed loss over the global batch's token count (FSDP then sums gradients, undivided).
+        Returns this rank's mean loss per token."""
         self.optimizers.zero_grad()
-        mb, n = self.plan.micro_batch, self.plan.num_micro
         local_tokens = (targets != IGNORE_INDEX).sum()
         if self.sharded and self.mesh is not None:
-            global_tokens: torch.Tensor | float = dist_sum(local_tokens, self.mesh["dp"])
+            self._global_tokens: torch.Tensor | float = dist_sum(local_tokens, self.mesh["dp"])
         else:
-            global_tokens = local_tokens.float()
-        total = torch.zeros((), device=self.device)
-        for i in range(n):
-            x, y = inputs[i * mb : (i + 1) * mb], targets[i * mb : (i + 1) * mb]
-            with self._autocast():
-                pred = self.model(x)
-                loss_sum = self.loss_fn(pred, y)
-            del pred
-            (loss_sum / global_tokens).backward()
-            total += loss_sum.detach()
+            self._global_tokens = local_tokens.float()
+        if self.schedule is not None:
+            total = self._pipeline_step(inputs, targets)
+        else:
+            mb, n = self.plan.micro_batch, self.plan.num_micro
+            total = torch.zeros((), device=self.device)
+            for i in range(n):
+                x, y = inputs[i * mb : (i + 1) * mb], targets[i * mb : (i + 1) * mb]
+                with self._autocast():
+                    pred = self.parts[0](x)
+                    loss = self.loss_fn(pred, y) / self._global_tokens
+                del pred
+                loss.backward()
+                total += loss.detach()
         self.optimizers.step()
-        return total / local_tokens
+        return total * self._global_tokens / local_tokens
+
+    def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        assert self.schedule is not None
+        losses: list[torch.Tensor] | None = [] if self.last else None
+        target = targets if self.last else None
+        with self._autocast():
+            if self.first:
+                self.schedule.step(inputs, target=target, losses=losses, return_outputs=False)
+            else:
+                self.schedule.step(target=target, losses=losses, return_outputs=False)
+        if not losses:
+            return torch.zeros((), device=self.device)
+        return torch.stack([loss.detach().float() for loss in losses]).sum()
 
     def bubble(self) -> dict[str, float | None]:
-        return {"analytic": 0.0, "schedule": None}  # no pipeline
+        """The pipeline's idle share, as ours reports it."""
+        if self.schedule is None:
+            return {"analytic": 0.0, "schedule": None}
+        planned = schedule_bubble(self.schedule) if schedule_spec(self.opts.pp_schedule).runtime else None
+        formula = analytic_bubble(self.opts.pp_schedule, pp=self.plan.pp, num_micro=self.plan.num_micro)
+        return {"analytic": planned if formula is None else formula, "schedule": planned}
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         # as ours: FSDP's policy casts where the model is sharded, autocast elsewhere (torchtitan's
-        # maybe_enable_amp does the same but turns mixed precision off for TP without FSDP)
+        # maybe_enable_amp does the same but turns mixed precision off for TP or PP without FSDP)
         if self.plan.precision == "mixed" and not self.sharded:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()

@@ -15,7 +15,7 @@ import torch
 
 from ..conftest import SweepRun, planned_tag, refusal, run_sweepbench
 
-# GQA (8 query heads, 4 KV heads), so tp2 splits both
+# GQA (8 query heads, 4 KV heads), so tp2 splits both; pp2: torchtitan's pipeline split and 1F1B schedule
 FAST = [
     "benchmark=train",
     "model=tiny",
@@ -26,7 +26,7 @@ FAST = [
     "benchmark.iters=3",
     "wandb.mode=disabled",
 ]
-LAYOUTS = ("tp1", "dp2", "tp2")
+LAYOUTS = ("tp1", "dp2", "tp2", "pp2")
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,6 @@ def test_rope_and_swiglu_width_are_ours() -> None:
 BASE = ["benchmark=train", "model=tiny", "backend=gloo", "benchmark.impl=torchtitan"]
 BAD = {
     "cp": (["parallelism=cp2"], "benchmark.impl=torchtitan with parallelism tp=1 pp=1 cp=2: it runs"),
-    "pp": (["parallelism=pp2", "benchmark.global_batch=2"], "benchmark.impl=torchtitan with parallelism tp=1 pp=2"),
     "ddp": (["parallelism=dp2", "benchmark.dp_shard=ddp"], "benchmark.dp_shard=ddp with benchmark.impl=torchtitan"),
     "lora": (["parallelism=tp1", "benchmark.lora_rank=8"], "benchmark.lora_rank=8 with benchmark.impl=torchtitan"),
     "no_sp": (["parallelism=tp2", "benchmark.tp_sp=false"], "benchmark.tp_sp=False with benchmark.impl=torchtitan"),
