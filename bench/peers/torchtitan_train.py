@@ -186,10 +186,12 @@ def register_case(a: argparse.Namespace) -> None:
 def rank_main(a: argparse.Namespace) -> None:
     """One torchrun rank: torchtitan's train.py main, with the case registered first."""
     sys.path.insert(0, str(ROOT))
+    # torchtitan's ConfigManager.parse_args reads sys.argv as it was when torchtitan.config was first
+    # imported (its default argument): its flags take this process's argv before any torchtitan import
+    sys.argv = [sys.argv[0], *titan_flags(a)]
     from torchtitan.train import Trainer, main
 
     register_case(a)
-    sys.argv = [sys.argv[0], *titan_flags(a)]
     main(Trainer)
 
 
