@@ -1,5 +1,5 @@
 """Train implementations: ours and peers behind one interface, so one sweep times and verifies
-them the same way (``benchmark.impl=ours,hf``).
+them the same way (``benchmark.impl=ours,hf,torchtitan``).
 
 An implementation is a class built as ``cls(shape, plan, opts, *, device, mesh, positions,
 attn_fn)`` with ``step(inputs, targets) -> loss``, ``holds_loss`` and ``num_trainable``, registered
@@ -18,6 +18,7 @@ from sweepbench.core import Registry
 IMPLS: Registry[type] = Registry("train implementation")
 IMPLS.declare("ours", "sweepbench.train.trainer")
 IMPLS.declare("hf", "sweepbench.train.hf_peer")
+IMPLS.declare("torchtitan", "sweepbench.train.titan_peer")
 
 
 @dataclass(frozen=True)
@@ -27,10 +28,12 @@ class PeerSpec:
     modules: tuple[str, ...]  # imported by its module
     install: str  # the command that installs them
     layouts: str  # what it runs, for the refusal line
-    dp_only: bool = True  # runs single-device and dp layouts (FSDP2 / DDP) only
-    knobs: tuple[str, ...] = ()  # recipe knobs it takes beyond the shared recipe
+    axes: tuple[str, ...] = ()  # the model-parallel axes it takes beyond dp ("tp", "pp"; cp: none does)
+    knobs: tuple[str, ...] = ()  # recipe knobs it takes set away from their default (recipe.DEFAULTS)
     ac: tuple[str, ...] = ("none", "full")  # activation checkpointing modes it has
+    ac_note: str = ""  # how it checkpoints, for the refusal line
     precisions: tuple[str, ...] = ("fp32", "bf16", "mixed")
+    dp_shards: tuple[str, ...] = ("fsdp", "ddp")  # how its dp ranks may hold the weights
     packed_attention: str = ""  # how its attention keeps packed documents apart (padding_free)
 
 
@@ -39,8 +42,18 @@ PEERS: dict[str, PeerSpec] = {
         modules=("transformers", "peft"),
         install='pip install "sweepbench[fms]"',
         layouts="single device and dp layouts (FSDP2 or DDP)",
-        knobs=("padding_free",),
+        knobs=("padding_free", "documents", "lora_rank"),
+        ac_note="HF gradient checkpointing is per decoder layer",
         packed_attention="transformers_position_ids",
+    ),
+    "torchtitan": PeerSpec(
+        modules=("torchtitan", "tyro", "torchdata", "datasets"),
+        install='pip install "sweepbench[titan]"',
+        layouts="single device, dp (FSDP2), tp (sequence parallel), pp and their products",
+        axes=("tp", "pp"),
+        knobs=("async_tp",),
+        ac=("none", "selective", "full"),
+        dp_shards=("fsdp",),
     ),
 }
 # peers asked for that this install cannot run as implementations: name -> the line that says so
@@ -73,25 +86,34 @@ def missing(impl: str) -> str | None:
     return None
 
 
-def check_impl(impl: str, *, tp: int, pp: int, cp: int, ac: str, precision: str, knobs: dict[str, object]) -> None:
+def check_impl(
+    impl: str, *, tp: int, pp: int, cp: int, dp: int, dp_shard: str, ac: str, precision: str, knobs: dict[str, object]
+) -> None:
     """ValueError (one line) for an unknown implementation, a missing extra, a layout it does not
-    run, an activation checkpointing mode or precision (resolved) it lacks, or a recipe knob
-    (``knobs``: name -> value, those set away from their default) it lacks."""
+    run, an activation checkpointing mode or precision (resolved) it lacks, a way of holding the
+    weights on dp ranks it lacks, or a recipe knob (``knobs``: name -> value, those set away from
+    their default) it lacks."""
     if impl in NOT_WIRED:
         raise ValueError(NOT_WIRED[impl])
     IMPLS.check(impl, key="benchmark.impl")
     spec = PEERS.get(impl)
     if spec is None:
         return
-    if spec.dp_only and max(tp, pp, cp) > 1:
+    if any(degree > 1 and axis not in spec.axes for axis, degree in (("tp", tp), ("pp", pp), ("cp", cp))):
         raise ValueError(
             f"benchmark.impl={impl} with parallelism tp={tp} pp={pp} cp={cp}: it runs {spec.layouts}; "
-            f"use a dp layout (tp1, dp2, dp4, ..) or impl=ours"
+            f"use one of those or impl=ours"
         )
     if ac not in spec.ac:
+        note = f" ({spec.ac_note})" if spec.ac_note else ""
         raise ValueError(
             f"benchmark.ac={ac} with benchmark.impl={impl}: it checkpoints activations as "
-            f"{' or '.join(spec.ac)} (HF gradient checkpointing is per decoder layer); use one of those"
+            f"{' or '.join(spec.ac)}{note}; use one of those"
+        )
+    if dp > 1 and dp_shard not in spec.dp_shards:
+        raise ValueError(
+            f"benchmark.dp_shard={dp_shard} with benchmark.impl={impl}: its dp ranks hold the weights "
+            f"as {' or '.join(spec.dp_shards)}; use that or impl=ours"
         )
     if precision not in spec.precisions:
         raise ValueError(

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from sweepbench.parallel.specs import ModelShape
 from sweepbench.train.model import Transformer, init_std
 
 _WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "module.")
@@ -27,15 +28,16 @@ def canonical_name(name: str) -> str:
     return name
 
 
-def full_value(name: str, shape: torch.Size, *, model: Transformer, seed: int, device: torch.device) -> torch.Tensor:
-    std = init_std(name, model.shape)
+def full_value(name: str, size: torch.Size, *, shape: ModelShape, seed: int, device: torch.device) -> torch.Tensor:
+    """The whole value of parameter ``name`` (its name in the plain model) of a model of ``shape``."""
+    std = init_std(name, shape)
     if std is None:
-        return torch.ones(shape, device=device)
+        return torch.ones(size, device=device)
     if std == 0.0:
-        return torch.zeros(shape, device=device)
+        return torch.zeros(size, device=device)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-    out = torch.empty(shape, device=device)
+    out = torch.empty(size, device=device)
     nn.init.trunc_normal_(out, std=std, a=-3 * std, b=3 * std, generator=gen)
     return out
 
@@ -56,25 +58,29 @@ def init_weights(
     model.to(dtype=dtype)  # still on meta: only the dtype changes
     if each_block is None:
         model.to_empty(device=device)
-        _fill(model, "", model=model, seed=seed, device=device)
+        fill_weights(model, shape=model.shape, seed=seed, device=device)
         return
     for key, block in model.layers.items():
         block.to_empty(device=device)
-        _fill(block, f"layers.{key}.", model=model, seed=seed, device=device)
+        fill_weights(block, shape=model.shape, seed=seed, device=device, prefix=f"layers.{key}.")
         each_block(block)
     for name, child in model.named_children():
         if name != "layers":
             child.to_empty(device=device)
-            _fill(child, f"{name}.", model=model, seed=seed, device=device)
+            fill_weights(child, shape=model.shape, seed=seed, device=device, prefix=f"{name}.")
 
 
-def _fill(module: nn.Module, prefix: str, *, model: Transformer, seed: int, device: torch.device) -> None:
+@torch.no_grad()
+def fill_weights(module: nn.Module, *, shape: ModelShape, seed: int, device: torch.device, prefix: str = "") -> None:
+    """Fill every parameter of ``module`` (materialised, any tensor-parallel plan applied; its names
+    under ``prefix`` those of our model of ``shape``) with its value in every layout. A peer's model
+    that names its weights as ours (torchtitan's llama3) is filled the same way."""
     for raw_name, param in module.named_parameters():
-        _fill_one(prefix + canonical_name(raw_name), param, model=model, seed=seed, device=device)
+        _fill_one(prefix + canonical_name(raw_name), param, shape=shape, seed=seed, device=device)
 
 
-def _fill_one(name: str, param: torch.Tensor, *, model: Transformer, seed: int, device: torch.device) -> None:
-    full = full_value(name, param.shape, model=model, seed=seed, device=device)
+def _fill_one(name: str, param: torch.Tensor, *, shape: ModelShape, seed: int, device: torch.device) -> None:
+    full = full_value(name, param.shape, shape=shape, seed=seed, device=device)
     if isinstance(param, DTensor):
         piece = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
         param.to_local().copy_(piece.to_local())

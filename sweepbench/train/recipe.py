@@ -27,8 +27,18 @@ REFERENCE_QUANTS.declare("nf4_dense", "sweepbench.train.quant:apply")
 FUSED: Registry[Apply] = Registry("fused kernels", ordered=True)
 FUSED.add("none", None)
 FUSED.declare("liger", "sweepbench.train.fused:apply")  # liger-kernel: RMSNorm, SwiGLU, RoPE, fused linear CE
-# knob -> its default (a peer implementation is refused a knob set away from it)
-DEFAULTS = {"quant": "none", "fused": "none", "padding_free": False}
+# knob -> its default (a peer implementation is refused a knob set away from it); tp_sp and async_tp
+# count only where tp > 1
+DEFAULTS = {
+    "quant": "none",
+    "fused": "none",
+    "padding_free": False,
+    "documents": False,
+    "lora_rank": 0,
+    "tp_sp": True,
+    "async_tp": False,
+}
+TP_KNOBS = ("tp_sp", "async_tp")
 EXTRA = 'pip install "sweepbench[fms]"'
 
 
@@ -41,8 +51,22 @@ def _installed(module: str) -> bool:
 
 def check_recipe(b: TrainKnobs, plan: Any) -> None:
     """ValueError (one line) for a recipe this engine cannot run (``b``: the job's knobs)."""
-    knobs = {k: getattr(b, k) for k, default in DEFAULTS.items() if getattr(b, k) != default}
-    check_impl(b.impl, tp=plan.tp, pp=plan.pp, cp=plan.cp, ac=b.ac, precision=plan.precision, knobs=knobs)
+    knobs = {
+        k: getattr(b, k)
+        for k, default in DEFAULTS.items()
+        if getattr(b, k) != default and (plan.tp > 1 or k not in TP_KNOBS)
+    }
+    check_impl(
+        b.impl,
+        tp=plan.tp,
+        pp=plan.pp,
+        cp=plan.cp,
+        dp=plan.dp,
+        dp_shard=b.dp_shard,
+        ac=b.ac,
+        precision=plan.precision,
+        knobs=knobs,
+    )
     QUANTS.check(b.quant, key="benchmark.quant")
     FUSED.check(b.fused, key="benchmark.fused")
     if b.quant != "none":
