@@ -146,6 +146,7 @@ class AttentionBenchmark(Benchmark):
     schema = AttentionConfig
     tag_keys = ("impl", "pattern", "seq_len")
     tag_groups = ("model", "parallelism", "backend")
+    keeps_ranks = True  # medians and peaks the same kept or fresh (attention_h200x{1,2} runs)
 
     @classmethod
     def world_size(cls, cfg: DictConfig) -> int:

@@ -78,6 +78,10 @@ class Benchmark(ABC):
     tag_keys: ClassVar[tuple[str, ...]] = ()
     # config groups whose option names the tag shows (those that mean something to this benchmark)
     tag_groups: ClassVar[tuple[str, ...]] = ("model", "parallelism", "backend", "mode")
+    # launch.keep_ranks's default (null) keeps a rank's process for the sweep's next job only for a
+    # benchmark whose medians and peaks were measured the same with kept ranks as with a fresh
+    # process per job (docs/running.md names the runs)
+    keeps_ranks: ClassVar[bool] = False
 
     @classmethod
     def headline(cls, cfg: DictConfig) -> list[Headline]:

@@ -136,6 +136,7 @@ class TrainBenchmark(Benchmark):
     schema = TrainConfig
     tag_keys = ("seq_len", "ac", "compile", "precision", "dp_shard", "lora_rank", "impl")
     tag_groups = ("model", "parallelism", "backend")
+    keeps_ranks = True  # step medians and peaks the same kept or fresh (train_h200x1 sweep_time runs)
 
     @classmethod
     def validate(cls, cfg: DictConfig) -> None:

@@ -7,7 +7,7 @@ or a wrong type fails when the config is composed, before any rank starts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 from omegaconf import MISSING
 
@@ -92,10 +92,12 @@ class LaunchConfig:
     # local jobs: fork the ranks from a warm interpreter that imported torch once for the sweep
     # (launch/preload.py) instead of starting a fresh one per rank; false = always start fresh
     preload: bool = True
-    # local jobs with forked ranks: keep each rank's process after its job ends ok and run the next
-    # job's rank of the same index in it (launch/preload.py), so that CUDA, cuDNN, Triton and NCCL's
-    # first-use costs are paid once per sweep instead of once per job; not with sweep.repeats > 1
-    keep_ranks: bool = False
+    # keep each rank's process after its job ends ok and run the next job's rank of the same index
+    # in it (launch/preload.py), so that CUDA, cuDNN, Triton and NCCL's first-use costs are paid once
+    # per sweep instead of once per job. null (default): kept for ranks on GPUs of a benchmark whose
+    # numbers were measured the same kept or fresh (attention, train), where the sweep allows it
+    # (the driver's interpreter, sweep.repeats 1); true: always (refused where not allowed); false: never
+    keep_ranks: Optional[bool] = None
 
 
 @dataclass

@@ -76,7 +76,7 @@ def _start_ranks(cfg: DictConfig, spec: dict[str, Any], *, world_size: int, job_
             if forked:
                 procs.append(
                     preload.start_rank(
-                        env, logs / f"rank{rank}.log", index=rank, keep=bool(cfg.launch.get("keep_ranks", False))
+                        env, logs / f"rank{rank}.log", index=rank, keep=preload.keeps(cfg)
                     )
                 )
                 continue

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,29 @@ def usable(cfg: DictConfig) -> bool:
     if python and os.path.abspath(python) != os.path.abspath(sys.executable):
         return False  # not realpath: a venv's bin/python links to its base interpreter, with other packages
     return _server_env is None or _server_env == _env()
+
+
+def keeps(cfg: DictConfig, *, on_gpus: bool | None = None) -> bool:
+    """Whether this job's ranks are kept for the sweep's next job: ``launch.keep_ranks`` where set
+    (true is refused before any rank where it cannot be), else the benchmark's ``keeps_ranks`` for
+    ranks on GPUs, where its numbers were measured the same (a kept process's host memory is not a
+    fresh one's, so CPU jobs run fresh), and where the sweep allows it: one round a job, the
+    driver's own interpreter. ``on_gpus``: a SLURM job's request says; None for a local job, whose
+    ranks must also fork from the driver's interpreter and whose backend says."""
+    want = cfg.launch.get("keep_ranks")
+    if want is not None:
+        return bool(want)
+    if cfg.sweep.get("repeats", 1) > 1 or str(cfg.launch.python or ""):
+        return False
+    if on_gpus is None:
+        from sweepbench.config.validate import device_type
+
+        on_gpus = usable(cfg) and device_type(cfg) == "cuda"
+    if not on_gpus:
+        return False
+    from sweepbench.benchmarks.registry import get_benchmark
+
+    return get_benchmark(cfg.benchmark.name).keeps_ranks
 
 
 class ForkedRank:
@@ -171,6 +195,58 @@ class KeptRank(ForkedRank):
         return self.code
 
 
+class _GlobalState:
+    """torch's process-wide settings that a job may change and a fresh process starts without: the
+    compiler's configs (dynamo, inductor, functorch) and the backends' flags. Taken when a kept
+    rank starts; ``restore`` puts them back between its jobs."""
+
+    def __init__(self) -> None:
+        import torch
+        import torch._dynamo.config
+        import torch._functorch.config
+        import torch._inductor.config
+
+        self.configs = {
+            c: c.save_config() for c in (torch._dynamo.config, torch._inductor.config, torch._functorch.config)
+        }
+        self.flags = self._flags()
+        self.default_dtype = torch.get_default_dtype()
+        self.matmul_precision = torch.get_float32_matmul_precision()
+        self.deterministic = torch.are_deterministic_algorithms_enabled()
+
+    @staticmethod
+    def _flags() -> dict[tuple[Any, str], Any]:
+        import torch
+
+        owners = (torch.backends.cudnn, torch.backends.cuda.matmul)
+        return {
+            (o, k): getattr(o, k)
+            for o in owners
+            for k in (
+                "benchmark",
+                "deterministic",
+                "allow_tf32",
+                "allow_bf16_reduced_precision_reduction",
+                "allow_fp16_reduced_precision_reduction",
+            )
+            if hasattr(o, k)
+        }
+
+    def restore(self) -> None:
+        import torch
+
+        with warnings.catch_warnings():  # the saved configs name keys torch has deprecated
+            warnings.simplefilter("ignore", FutureWarning)
+            for config, saved in self.configs.items():
+                config.load_config(saved)
+        for (owner, key), value in self.flags.items():
+            if getattr(owner, key) != value:
+                setattr(owner, key, value)
+        torch.set_default_dtype(self.default_dtype)
+        torch.set_float32_matmul_precision(self.matmul_precision)
+        torch.use_deterministic_algorithms(self.deterministic)
+
+
 def release_kept() -> None:
     """End the kept ranks (the sweep is over): each leaves when its pipe closes."""
     while _kept:
@@ -208,6 +284,7 @@ def _kept_main(conn: Any, env: dict[str, Any], log: str) -> None:
 
     os.setsid()
     kept = False
+    fresh = _GlobalState()  # torch's process-wide settings as a fresh process has them
     while True:
         rank.JOB_TAKEN = time.monotonic() if kept else None
         _take_job(env, log)
@@ -228,6 +305,8 @@ def _kept_main(conn: Any, env: dict[str, Any], log: str) -> None:
         if code != 0:
             os._exit(code)
         gc.collect()
+        torch._dynamo.reset()  # this job's compiled code goes: the next job compiles its own, as a fresh process would
+        fresh.restore()  # and no setting a job changed (async TP's inductor switch, cuDNN's flags) carries over
         if torch.cuda.is_initialized():
             torch.cuda.empty_cache()  # what this job's allocator kept goes back: the next job's peaks are its own
         try:

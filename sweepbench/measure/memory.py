@@ -9,8 +9,34 @@ import torch
 
 
 def reset_peaks(device: torch.device) -> None:
+    """Start the peaks afresh: torch's allocator peaks on a GPU, the host's resident set peak."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    reset_host_peak()
+
+
+def reset_host_peak() -> None:
+    """The process's resident set peak (VmHWM) back to its current size, so that a process that
+    runs more than one job (kept ranks) reports each job's own peak; where Linux does not allow it
+    the peak stays the process's."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def host_peak_rss_bytes() -> int:
+    """The resident set peak since the last ``reset_host_peak`` (VmHWM), else the process's
+    (``ru_maxrss``)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def nvml_used_bytes(index: int) -> int | None:
@@ -33,5 +59,5 @@ def memory_peaks(device: torch.device) -> dict[str, Any]:
         "peak_allocated_bytes": torch.cuda.max_memory_allocated(device) if on_gpu else None,
         "peak_reserved_bytes": torch.cuda.max_memory_reserved(device) if on_gpu else None,
         "nvml_used_bytes": nvml_used_bytes(device.index or 0) if on_gpu else None,
-        "host_max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "host_max_rss_bytes": host_peak_rss_bytes(),
     }

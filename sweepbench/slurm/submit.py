@@ -20,6 +20,7 @@ from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from omegaconf import DictConfig, open_dict
 
 from sweepbench.core import JobOutcome
+from sweepbench.launch import preload
 from sweepbench.launch.preflight import cluster_note, validate
 from sweepbench.launch.rank_errors import first_raised
 from sweepbench.record import ENV_FILE, METRICS_FILE
@@ -233,7 +234,7 @@ def _submit_groups(
         [request] * len(groups),
         [[str(s.job_dir) for s in g] for g in groups],
         [request.timeout_min * 60] * len(groups),
-        [bool(g[0].cfg.launch.keep_ranks) for g in groups],
+        [preload.keeps(g[0].cfg, on_gpus=request.gpus_per_node > 0) for g in groups],
     )
     return [
         (

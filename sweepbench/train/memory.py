@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from sweepbench.measure.memory import host_peak_rss_bytes
+
 GIB = float(1 << 30)
 
 
@@ -153,4 +155,5 @@ def current_bytes(device: torch.device) -> int:
 
 
 def host_peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """The resident set peak of this job (its rank resets it at the job's start)."""
+    return host_peak_rss_bytes()

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from typing import Any
+
 from omegaconf import OmegaConf
 
 from sweepbench.launch import preload
@@ -115,3 +117,54 @@ def test_kept_ranks_make_new_subgroups_for_the_next_jobs_world(tmp_path: Path) -
     assert [(m["status"], m["verified"], m["rank_start"]) for m in jobs] == [("ok", True, "forked"), ("ok", True, "kept")]
     pids = [[_pid(tmp_path / "usp" / m["tag"] / "logs" / f"rank{r}.log") for r in range(4)] for m in jobs]
     assert pids[0] == pids[1]
+
+
+def test_ranks_are_kept_by_default_only_on_gpus_for_a_benchmark_measured_the_same(compose: Any) -> None:
+    """launch.keep_ranks=null (the default): kept for attention and train ranks on GPUs (their
+    medians and peaks were measured the same kept or fresh), not for CPU ranks (a kept process's
+    host memory is not a fresh one's), not for other benchmarks, not with rounds or another
+    interpreter; true and false are obeyed. SLURM passes what its request asks for."""
+    keeps = preload.keeps
+    assert compose("benchmark=attention").launch.keep_ranks is None
+    for bench in ("attention", "train"):
+        assert keeps(compose(f"benchmark={bench}", "backend=nccl"))
+        assert not keeps(compose(f"benchmark={bench}", "backend=gloo"))
+        assert not keeps(compose(f"benchmark={bench}", "backend=nccl", "sweep.repeats=2"))
+        assert not keeps(compose(f"benchmark={bench}", "backend=nccl", "launch.keep_ranks=false"))
+        assert not keeps(compose(f"benchmark={bench}", "backend=nccl", "launch.preload=false"))
+        assert not keeps(compose(f"benchmark={bench}", "backend=nccl", f"launch.python={sys.executable}x"))
+        assert keeps(compose(f"benchmark={bench}", "backend=gloo"), on_gpus=True)  # a SLURM request for GPUs
+    for bench in ("collective", "refit", "reshard"):
+        assert not keeps(compose(f"benchmark={bench}", "backend=nccl"))
+    assert keeps(compose("benchmark=collective", "backend=gloo", "launch.keep_ranks=true"))
+
+
+def test_a_kept_rank_puts_back_what_a_job_changed_in_torchs_settings() -> None:
+    """Between a kept rank's jobs, torch's compiler configs and backend flags go back to what the
+    process started with (a job with async TP switches inductor's micro-pipelined TP on)."""
+    import torch
+    import torch._inductor.config
+
+    fresh = preload._GlobalState()
+    before = (torch._inductor.config._micro_pipeline_tp, torch.backends.cudnn.benchmark, torch.get_default_dtype())
+    torch._inductor.config._micro_pipeline_tp = not before[0]
+    torch.backends.cudnn.benchmark = not before[1]
+    torch.set_default_dtype(torch.float64)
+    fresh.restore()
+    after = (torch._inductor.config._micro_pipeline_tp, torch.backends.cudnn.benchmark, torch.get_default_dtype())
+    assert after == before
+
+
+def test_the_host_peak_is_the_jobs_own_after_a_reset() -> None:
+    """A kept process reports each job's resident set peak: reset_peaks (at a job's start) puts the
+    peak back to the current size, so an earlier job's larger peak does not show."""
+    import torch
+
+    from sweepbench.measure.memory import host_peak_rss_bytes, reset_peaks
+
+    big = bytearray(256 * 2**20)
+    big[::4096] = b"x" * len(big[::4096])  # touch every page
+    peak = host_peak_rss_bytes()
+    del big
+    reset_peaks(torch.device("cpu"))
+    assert host_peak_rss_bytes() < peak - 128 * 2**20
