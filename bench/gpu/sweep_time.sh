@@ -10,13 +10,14 @@
 #
 # Steps:
 #   attn_before      the attention sweep from BEFORE_TREE
-#   attn_cold        from AFTER_TREE with an empty store of baselines (OUT/store, removed first)
-#   attn_warm        from AFTER_TREE again with the store attn_cold left
+#   attn_cold        from AFTER_TREE with an empty store of baselines (OUT/store, removed first), fresh ranks
+#   attn_warm        from AFTER_TREE again with the store attn_cold left, fresh ranks
 #   attn_warm_kept   attn_warm with launch.keep_ranks=true
 #   attn_cold_kept   attn_cold with launch.keep_ranks=true (its own empty store, OUT/store_kept)
 #   train_before     the train sweep from BEFORE_TREE
-#   train_after      from AFTER_TREE (OUT/store, as the attention steps)
+#   train_after      from AFTER_TREE (OUT/store, as the attention steps), fresh ranks
 #   train_kept       train_after with launch.keep_ranks=true
+# Fresh ranks: launch.keep_ranks=false (ranks of attention and train jobs on GPUs are kept by default).
 # The train steps share one Inductor cache (OUT/inductor, made by the first of them that runs).
 # Writes OUT/<step>/ (the sweep), OUT/<step>.log and one line per step to OUT/steps.txt:
 # `<step> rc=<exit code> wall_s=<seconds>`, and the sweep's own `measuring fraction` line.
@@ -52,13 +53,13 @@ in_tree() {  # TREE STEP ARGS...: `python -m sweepbench -m ARGS` with TREE's cod
 for step in "$@"; do
   case $step in
     attn_before) in_tree "$before" "$step" "${attn[@]}" ;;
-    attn_cold) rm -rf "$out/store"; in_tree "$after" "$step" "${attn[@]}" store.dir="$out/store" ;;
-    attn_warm) in_tree "$after" "$step" "${attn[@]}" store.dir="$out/store" ;;
+    attn_cold) rm -rf "$out/store"; in_tree "$after" "$step" "${attn[@]}" store.dir="$out/store" launch.keep_ranks=false ;;
+    attn_warm) in_tree "$after" "$step" "${attn[@]}" store.dir="$out/store" launch.keep_ranks=false ;;
     attn_warm_kept) in_tree "$after" "$step" "${attn[@]}" store.dir="$out/store" launch.keep_ranks=true ;;
     attn_cold_kept) rm -rf "$out/store_kept"
       in_tree "$after" "$step" "${attn[@]}" store.dir="$out/store_kept" launch.keep_ranks=true ;;
     train_before) in_tree "$before" "$step" "${train[@]}" ;;
-    train_after) in_tree "$after" "$step" "${train[@]}" store.dir="$out/store" ;;
+    train_after) in_tree "$after" "$step" "${train[@]}" store.dir="$out/store" launch.keep_ranks=false ;;
     train_kept) in_tree "$after" "$step" "${train[@]}" store.dir="$out/store" launch.keep_ranks=true ;;
     *) echo "unknown step: $step (valid: attn_before attn_cold attn_warm attn_warm_kept attn_cold_kept" \
             "train_before train_after train_kept)" >&2; exit 2 ;;
