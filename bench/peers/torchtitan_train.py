@@ -17,8 +17,8 @@ synthetic token stream (``sweepbench.train.data.SyntheticTask``: this dp rank's 
 Everything else is torchtitan's Trainer as its ``train.py`` runs it, configured by its own flags
 (``ConfigManager``), pinned as the harness's peer is where its config allows: no loss parallel, the
 blocks compiled and not the loss, op-level selective AC without RNG state, bf16 weights for bf16
-(``training.dtype``) or fp32 masters for mixed, and the SDPA backend order plain SDPA tries
-(``--sdpa titan`` keeps torchtitan's, cuDNN first). Unlike the peer its step also clips gradients
+(``training.dtype``) or fp32 masters for mixed, and attention through plain SDPA, whose backend
+torch picks as for the harness (``--sdpa titan`` keeps torchtitan's priority, cuDNN then flash). Unlike the peer its step also clips gradients
 (norm 1.0) and steps a warm-up LR schedule, as torchtitan always does.
 
 Prints the median ``tps`` of the steps after --warmup (and torchtitan's own tflops/mfu/memory of
@@ -72,7 +72,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--sdpa",
         default="plain",
         choices=["plain", "titan"],
-        help="plain: flash, efficient, math (as plain SDPA, the harness); titan: cuDNN, flash, math",
+        help="plain: the backend plain SDPA picks (as the harness); titan: torchtitan's priority, cuDNN, flash, math",
     )
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5, help="first steps left out of the median")
@@ -142,14 +142,12 @@ def register_case(a: argparse.Namespace) -> None:
 
     from sweepbench.parallel.specs import ModelShape
     from sweepbench.train.data import SyntheticTask
-    from sweepbench.train.titan_peer import SDPA_BACKENDS, model_args
+    from sweepbench.train.titan_peer import model_args, plain_sdpa
 
     shape = ModelShape.from_config(yaml.safe_load((ROOT / "conf" / "model" / f"{a.model}.yaml").read_text()))
     shape = shape.with_layers(a.num_layers or None)
     if a.sdpa == "plain":
-        from torch.nn.attention import SDPBackend
-
-        ScaledDotProductAttentionWrapper.sdpa_backends = [getattr(SDPBackend, n) for n in SDPA_BACKENDS]
+        ScaledDotProductAttentionWrapper.forward = plain_sdpa  # type: ignore[method-assign]
     _, dp = degrees(a.layout)
     global_batch = a.global_batch or a.micro_batch * dp
 

@@ -12,12 +12,13 @@ and at step 0 it computes our function: its losses are checked against our singl
 
 Pinned to our step where torchtitan's defaults differ (docs/benchmarks/train.md, "torchtitan"):
 no loss parallel, uncompiled loss, no gradient clipping, constant learning rate, op-level selective
-AC without saving RNG state, the SDPA backend order plain SDPA picks from (flash first), and our
+AC without saving RNG state, attention through plain SDPA (torch picks its backend, as for ours), and our
 pipeline stages with the loss scaled as without a pipeline."""
 
 from __future__ import annotations
 
 import contextlib
+import types
 from typing import Any
 
 import torch
@@ -50,8 +51,6 @@ except ImportError as e:  # the extra is not installed: one line naming the inst
     raise ImportError(missing("torchtitan") or f"benchmark.impl=torchtitan cannot import torchtitan: {e}") from None
 
 DTYPES = {"fp32": torch.float32, "mixed": torch.float32, "bf16": torch.bfloat16}
-# the order plain F.scaled_dot_product_attention (ours) tries; torchtitan's own puts cuDNN first
-SDPA_BACKENDS = ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"]
 
 
 def model_args(shape: ModelShape, seq_len: int) -> TransformerModelArgs:
@@ -266,9 +265,25 @@ def _sum_on_gloo(model: nn.Module, mesh: DeviceMesh) -> None:
             module.set_force_sum_reduction_for_comms(True)
 
 
-def _pin_sdpa(model: nn.Module) -> None:
-    from torch.nn.attention import SDPBackend
+def plain_sdpa(
+    self: nn.Module,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    is_causal: bool = True,
+) -> torch.Tensor:
+    """torchtitan's SDPA wrapper's forward without its backend priority (cuDNN, flash, math, set
+    with ``sdpa_kernel(..., set_priority=True)``): plain SDPA, whose backend torch picks as it does
+    for ours (on torch 2.9+ and a Hopper GPU, cuDNN's; flash on older stacks)."""
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, scale=scale, is_causal=is_causal, enable_gqa=enable_gqa
+    )
 
+
+def _pin_sdpa(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, ScaledDotProductAttentionWrapper):
-            module.sdpa_backends = [getattr(SDPBackend, name) for name in SDPA_BACKENDS]
+            module.forward = types.MethodType(plain_sdpa, module)

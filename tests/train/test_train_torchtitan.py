@@ -96,6 +96,28 @@ def test_rope_and_swiglu_width_are_ours() -> None:
             assert block.layers["0"].feed_forward.w1.weight.shape[0] == ffn
 
 
+def test_the_peers_attention_is_plain_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchtitan's SDPA wrapper sets its own backend priority (cuDNN, flash, math); the peer's calls
+    plain SDPA, as ours does, so torch picks the same backend for both: no sdpa_kernel context, and
+    the same output as the wrapper's own on the CPU."""
+    import torch.nn.attention
+    from torchtitan.models.attention import ScaledDotProductAttentionWrapper
+
+    from sweepbench.train.titan_peer import _pin_sdpa
+
+    q, k, v = (torch.randn(1, 4, 16, 8) for _ in range(3))
+    own = ScaledDotProductAttentionWrapper()(q, k, v)
+    model = torch.nn.Sequential(ScaledDotProductAttentionWrapper())
+    _pin_sdpa(model)
+
+    def refuse(*_: Any, **__: Any) -> None:
+        raise AssertionError("the peer's attention set a backend priority")
+
+    monkeypatch.setattr(torch.nn.attention, "sdpa_kernel", refuse)
+    monkeypatch.setattr("torchtitan.models.attention.sdpa_kernel", refuse)
+    torch.testing.assert_close(model[0](q, k, v), own)
+
+
 BASE = ["benchmark=train", "model=tiny", "backend=gloo", "benchmark.impl=torchtitan"]
 BAD = {
     "cp": (["parallelism=cp2"], "benchmark.impl=torchtitan with parallelism tp=1 pp=1 cp=2: it runs"),
