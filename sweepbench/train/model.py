@@ -37,7 +37,9 @@ class LoRALinear(nn.Module):
         self.scale = alpha / rank
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight) + F.linear(F.linear(x, self.lora_a), self.lora_b) * self.scale
+        # one kernel adds the scaled update (add's alpha), where a multiply and an add each read and
+        # wrote the whole output
+        return torch.add(F.linear(x, self.weight), F.linear(F.linear(x, self.lora_a), self.lora_b), alpha=self.scale)
 
 
 def _linear(d_in: int, d_out: int, lora_rank: int, lora_alpha: float) -> LoRALinear | nn.Linear:
@@ -53,11 +55,13 @@ def rope_pair(
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[2i], x[2i+1]) of each head by the position's angles; x: [B, S, H, D],
-    cos/sin: [S, D/2] for the positions x holds."""
-    x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
-    c, s = cos[None, :, None, :], sin[None, :, None, :]
-    return torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2).type_as(x)
+    """Rotate pairs (x[2i], x[2i+1]) of each head by the position's angles, in fp32; x: [B, S, H, D],
+    cos/sin: [S, D/2] for the positions x holds. Each pair is a complex number times e^(i angle): one
+    multiply over the pairs (as Meta's and torchtitan's Llama), where the pairs' four products, their
+    sum and difference and the stacking were a kernel each, forward and backward."""
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    turn = torch.complex(cos, sin)[None, :, None, :]
+    return torch.view_as_real(pairs * turn).flatten(-2).type_as(x)
 
 
 def rope_tables(head_dim: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

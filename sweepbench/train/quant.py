@@ -58,7 +58,7 @@ class NF4Linear(nn.Module):
 
         y = bnb.matmul_4bit(x, self.weight.t(), quant_state=self.weight.quant_state)
         if self.lora:
-            y = y + F.linear(F.linear(x, self.lora_a), self.lora_b) * self.scale
+            y = torch.add(y, F.linear(F.linear(x, self.lora_a), self.lora_b), alpha=self.scale)
         return y
 
 
