@@ -183,7 +183,7 @@ class HFTrainer:
             )
             sync = no_sync() if no_sync is not None and i < n - 1 else contextlib.nullcontext()
             with sync:
-                with self._autocast():
+                with self.plan.autocast(self.device.type, sharded=self.sharded):
                     logits = self.model(**_model_inputs(x), use_cache=False).logits
                 part = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()) / n
                 part.backward()
@@ -193,11 +193,6 @@ class HFTrainer:
 
     def bubble(self) -> dict[str, float | None]:
         return {"analytic": 0.0, "schedule": None}  # no pipeline
-
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.plan.precision == "mixed" and not self.sharded:
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
 
 
 def _model_inputs(x: torch.Tensor) -> dict[str, torch.Tensor]:

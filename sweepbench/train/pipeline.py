@@ -72,6 +72,18 @@ def analytic_bubble(name: str, *, pp: int, num_micro: int) -> float | None:
     return (pp - 1) / (spec.stages_per_rank * num_micro + pp - 1) if pp > 1 else 0.0
 
 
+def pipeline_bubble(schedule: object | None, name: str, *, pp: int, num_micro: int) -> dict[str, float | None]:
+    """A step's idle share as a train implementation reports it (``pp_bubble``): by formula
+    (``analytic``; the plan's where the schedule has no formula), and by the runtime schedule's own
+    plan where it has one (gpipe and 1f1b keep an order of actions, not a plan in time slots);
+    none without a pipeline (``schedule`` None)."""
+    if schedule is None:
+        return {"analytic": 0.0, "schedule": None}
+    planned = schedule_bubble(schedule) if schedule_spec(name).runtime else None
+    formula = analytic_bubble(name, pp=pp, num_micro=num_micro)
+    return {"analytic": planned if formula is None else formula, "schedule": planned}
+
+
 def schedule_bubble(schedule: object) -> float | None:
     """The bubble of a runtime schedule's own plan (``pipeline_order``: each rank's actions in
     time slots, None where it idles): a step lasts as many slots as the longest rank's plan, and

@@ -7,6 +7,7 @@ Each reads the job's typed config (``train.config.TrainJob``)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from dataclasses import dataclass, replace
 from typing import Any
@@ -47,6 +48,16 @@ class TrainPlan:
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+    def autocast(self, device_type: str, *, sharded: bool) -> contextlib.AbstractContextManager:
+        """The step's autocast: with ``mixed`` (fp32 master weights, bf16 compute) FSDP's
+        mixed-precision policy casts where the model is sharded (``sharded``), autocast to bf16
+        elsewhere; nothing for the other precisions."""
+        if self.precision == "mixed" and not sharded:
+            import torch
+
+            return torch.autocast(device_type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     def single_device(self) -> TrainPlan:
         """The same batch on one device, no layout: the reference a job is verified against."""

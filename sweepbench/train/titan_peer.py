@@ -17,7 +17,6 @@ pipeline stages with the loss scaled as without a pipeline."""
 
 from __future__ import annotations
 
-import contextlib
 import types
 from typing import Any
 
@@ -29,7 +28,7 @@ from sweepbench.parallel.specs import ModelShape
 from sweepbench.train.impls import IMPLS, missing
 from sweepbench.train.init import fill_weights
 from sweepbench.train.model import ROPE_THETA
-from sweepbench.train.pipeline import analytic_bubble, schedule_bubble, schedule_spec
+from sweepbench.train.pipeline import pipeline_bubble, schedule_spec
 from sweepbench.train.plan import TrainPlan
 
 try:
@@ -214,7 +213,7 @@ class TitanTrainer:
             total = torch.zeros((), device=self.device)
             for i in range(n):
                 x, y = inputs[i * mb : (i + 1) * mb], targets[i * mb : (i + 1) * mb]
-                with self._autocast():
+                with self.plan.autocast(self.device.type, sharded=self.sharded):
                     pred = self.parts[0](x)
                     loss = self.loss_fn(pred, y) / self._global_tokens
                 del pred
@@ -227,7 +226,7 @@ class TitanTrainer:
         assert self.schedule is not None
         losses: list[torch.Tensor] | None = [] if self.last else None
         target = targets if self.last else None
-        with self._autocast():
+        with self.plan.autocast(self.device.type, sharded=self.sharded):
             if self.first:
                 self.schedule.step(inputs, target=target, losses=losses, return_outputs=False)
             else:
@@ -238,18 +237,7 @@ class TitanTrainer:
 
     def bubble(self) -> dict[str, float | None]:
         """The pipeline's idle share, as ours reports it."""
-        if self.schedule is None:
-            return {"analytic": 0.0, "schedule": None}
-        planned = schedule_bubble(self.schedule) if schedule_spec(self.opts.pp_schedule).runtime else None
-        formula = analytic_bubble(self.opts.pp_schedule, pp=self.plan.pp, num_micro=self.plan.num_micro)
-        return {"analytic": planned if formula is None else formula, "schedule": planned}
-
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        # as ours: FSDP's policy casts where the model is sharded, autocast elsewhere (torchtitan's
-        # maybe_enable_amp does the same but turns mixed precision off for TP or PP without FSDP)
-        if self.plan.precision == "mixed" and not self.sharded:
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return pipeline_bubble(self.schedule, self.opts.pp_schedule, pp=self.plan.pp, num_micro=self.plan.num_micro)
 
 
 def _sum_on_gloo(model: nn.Module, mesh: DeviceMesh) -> None:

@@ -19,7 +19,7 @@ from sweepbench.train.impls import IMPLS
 from sweepbench.train.init import init_weights
 from sweepbench.train.model import Attention, Transformer
 from sweepbench.train.parallelize import apply_ac, apply_compile, apply_ddp, apply_fsdp, apply_tp
-from sweepbench.train.pipeline import analytic_bubble, schedule_bubble, schedule_spec
+from sweepbench.train.pipeline import pipeline_bubble, schedule_spec
 from sweepbench.train.pipeline import stage_ids as pipeline_stage_ids
 from sweepbench.train.plan import TrainPlan
 from sweepbench.train.recipe import apply_recipe, block_quantizer
@@ -167,19 +167,7 @@ class Trainer:
 
     def bubble(self) -> dict[str, float | None]:
         """The pipeline's idle share: by formula, and by the schedule's own plan where it has one."""
-        if self.schedule is None:
-            return {"analytic": 0.0, "schedule": None}
-        # gpipe and 1f1b keep an order of actions, not a plan in time slots: no slot count for them
-        planned = schedule_bubble(self.schedule) if schedule_spec(self.opts.pp_schedule).runtime else None
-        formula = analytic_bubble(self.opts.pp_schedule, pp=self.plan.pp, num_micro=self.plan.num_micro)
-        return {"analytic": planned if formula is None else formula, "schedule": planned}
-
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        # bf16 compute over fp32 master weights: FSDP's mixed-precision policy casts where the
-        # model is sharded, autocast elsewhere
-        if self.plan.precision == "mixed" and not self.sharded:
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return pipeline_bubble(self.schedule, self.opts.pp_schedule, pp=self.plan.pp, num_micro=self.plan.num_micro)
 
     def _micro_batches(self, inputs: torch.Tensor, targets: torch.Tensor) -> Iterator[tuple]:
         mb, n = self.plan.micro_batch, self.plan.num_micro
@@ -199,7 +187,7 @@ class Trainer:
             loss = torch.zeros((), device=self.device)
             for x, y, sync in self._micro_batches(inputs, targets):
                 with sync:
-                    with self._autocast():
+                    with self.plan.autocast(self.device.type, sharded=self.sharded):
                         out = self.parts[0](x, y) if self.opts.fused != "none" else self.parts[0](x)
                     part = (out if self.opts.fused != "none" else cross_entropy(out, y)) / self.plan.num_micro
                     part.backward()
@@ -210,7 +198,7 @@ class Trainer:
     def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         losses: list[torch.Tensor] = []
         assert self.schedule is not None  # a step of a pipeline
-        with self._autocast():
+        with self.plan.autocast(self.device.type, sharded=self.sharded):
             if self.first:
                 self.schedule.step(inputs, target=targets if self.last else None, losses=losses)
             elif self.last:
