@@ -69,12 +69,13 @@ def _start_ranks(cfg: DictConfig, spec: dict[str, Any], *, world_size: int, job_
     logs.mkdir(parents=True, exist_ok=True)
     argv = [rank_python(cfg), "-m", "sweepbench.launch.rank"]
     forked = preload.usable(cfg)
+    keep = forked and preload.keeps(cfg)
     procs: list[Any] = []
     try:
         for rank in range(world_size):
             env = {**os.environ, SPEC_ENV: json.dumps({**spec, "rank": rank})}
             if forked:
-                procs.append(preload.start_rank(env, logs / f"rank{rank}.log", index=rank, keep=preload.keeps(cfg)))
+                procs.append(preload.start_rank(env, logs / f"rank{rank}.log", index=rank, keep=keep))
                 continue
             fd = os.open(logs / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:

@@ -26,17 +26,24 @@ def reset_host_peak() -> None:
         pass
 
 
-def host_peak_rss_bytes() -> int:
-    """The resident set peak since the last ``reset_host_peak`` (VmHWM), else the process's
-    (``ru_maxrss``)."""
+def status_bytes(field: str) -> int | None:
+    """A size /proc/self/status gives this process (``VmHWM``, ``RssAnon``, ..), in bytes; None
+    where it says nothing of it."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return None
+
+
+def host_peak_rss_bytes() -> int:
+    """The resident set peak since the last ``reset_host_peak`` (VmHWM), else the process's
+    (``ru_maxrss``)."""
+    peak = status_bytes("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def nvml_used_bytes(index: int) -> int | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from sweepbench.measure.memory import host_peak_rss_bytes
+from sweepbench.measure.memory import status_bytes
 
 GIB = float(1 << 30)
 
@@ -81,14 +81,7 @@ class NvmlSampler:
 def anon_rss_bytes() -> int | None:
     """The process's anonymous resident memory (its heap: tensors, not the libraries' code pages
     that the first use of each kernel maps in); None where /proc says nothing of it."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    return status_bytes("RssAnon")
 
 
 class HostSampler:
@@ -152,8 +145,3 @@ def current_bytes(device: torch.device) -> int:
         return torch.cuda.memory_allocated(device)
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()
-
-
-def host_peak_rss() -> int:
-    """The resident set peak of this job (its rank resets it at the job's start)."""
-    return host_peak_rss_bytes()

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from sweepbench.measure import summarize, time_iterations
+from sweepbench.measure.memory import host_peak_rss_bytes
 from sweepbench.measure.progress import case_done
 from sweepbench.train.config import TrainJob, TrainKnobs
 from sweepbench.train.context import ContextParallel, build_context_parallel
@@ -25,7 +26,6 @@ from sweepbench.train.memory import (
     HostSampler,
     NvmlSampler,
     current_bytes,
-    host_peak_rss,
     reset_torch_peaks,
     torch_memory,
 )
@@ -182,7 +182,7 @@ def run_training(job: TrainJob, *, rank: int, device: torch.device, job_dir: Pat
         **torch_memory(device),
         "nvml_peak_bytes": nvml.peak_above_start(),
         "nvml_start_bytes": nvml.start_level,
-        "host_peak_rss_bytes": host_peak_rss(),
+        "host_peak_rss_bytes": host_peak_rss_bytes(),  # this job's: its rank reset the peak at its start
         "host_peak_anon_bytes": host.stop(),
     }
 
