@@ -53,6 +53,13 @@ def schedule_spec(name: str) -> ScheduleSpec:
     return SCHEDULES.get(name, key="benchmark.pp_schedule")
 
 
+def stage_layers(sid: int, *, num_layers: int, num_stages: int) -> range:
+    """The layers pipeline stage ``sid`` holds: equal runs of layers, in order (the embedding goes
+    with the first stage, the norm and output projection with the last)."""
+    per_stage = num_layers // num_stages
+    return range(sid * per_stage, (sid + 1) * per_stage)
+
+
 def stage_ids(name: str, *, pp_rank: int, pp: int) -> list[int]:
     """The pipeline stages (in model order) that pp rank ``pp_rank`` holds."""
     spec = schedule_spec(name)

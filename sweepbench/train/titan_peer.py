@@ -28,7 +28,7 @@ from sweepbench.parallel.specs import ModelShape
 from sweepbench.train.impls import IMPLS, missing
 from sweepbench.train.init import fill_weights
 from sweepbench.train.model import ROPE_THETA
-from sweepbench.train.pipeline import pipeline_bubble, schedule_spec
+from sweepbench.train.pipeline import pipeline_bubble, schedule_spec, stage_layers
 from sweepbench.train.plan import TrainPlan
 
 try:
@@ -176,11 +176,10 @@ class TitanTrainer:
         micro-batch's summed loss unscaled; here it is divided by the global token count first, as
         its step without a pipeline does, so the gradients are ours."""
         stages_total = self.plan.num_stages
-        per_stage = self.shape.num_layers // stages_total
         names = [
             [
                 *(["tok_embeddings"] if sid == 0 else []),
-                *(f"layers.{i}" for i in range(sid * per_stage, (sid + 1) * per_stage)),
+                *(f"layers.{i}" for i in stage_layers(sid, num_layers=self.shape.num_layers, num_stages=stages_total)),
                 *(["norm", "output"] if sid == stages_total - 1 else []),
             ]
             for sid in range(stages_total)

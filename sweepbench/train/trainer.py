@@ -19,7 +19,7 @@ from sweepbench.train.impls import IMPLS
 from sweepbench.train.init import init_weights
 from sweepbench.train.model import Attention, Transformer
 from sweepbench.train.parallelize import apply_ac, apply_compile, apply_ddp, apply_fsdp, apply_tp
-from sweepbench.train.pipeline import pipeline_bubble, schedule_spec
+from sweepbench.train.pipeline import pipeline_bubble, schedule_spec, stage_layers
 from sweepbench.train.pipeline import stage_ids as pipeline_stage_ids
 from sweepbench.train.plan import TrainPlan
 from sweepbench.train.recipe import apply_recipe, block_quantizer
@@ -92,7 +92,6 @@ class Trainer:
         self.sharded = mesh is not None and plan.dp * plan.cp > 1 and opts.dp_shard == "fsdp"
         pp_rank = mesh["pp"].get_local_rank() if mesh is not None and plan.pp > 1 else 0
         stage_ids = pipeline_stage_ids(opts.pp_schedule, pp_rank=pp_rank, pp=plan.pp) if plan.pp > 1 else [0]
-        per_stage = shape.num_layers // plan.num_stages
         self.parts: list[nn.Module] = []
         self.first = self.last = False
         for sid in stage_ids:
@@ -100,7 +99,7 @@ class Trainer:
             self.first, self.last = self.first or first, self.last or last
             self.parts.append(
                 self._build_part(
-                    range(sid * per_stage, (sid + 1) * per_stage),
+                    stage_layers(sid, num_layers=shape.num_layers, num_stages=plan.num_stages),
                     first=first,
                     last=last,
                     positions=positions,
