@@ -58,9 +58,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """Rotate pairs (x[2i], x[2i+1]) of each head by the position's angles, in fp32; x: [B, S, H, D],
     cos/sin: [S, D/2] for the positions x holds. Each pair is a complex number times e^(i angle): one
     multiply over the pairs (as Meta's and torchtitan's Llama), where the pairs' four products, their
-    sum and difference and the stacking were a kernel each, forward and backward."""
+    sum and difference and the stacking were a kernel each, forward and backward. cos/sin may come in
+    bf16 (FSDP casts a layer's floating inputs to its parameter dtype); the turn is built in fp32."""
     pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-    turn = torch.complex(cos, sin)[None, :, None, :]
+    turn = torch.complex(cos.float(), sin.float())[None, :, None, :]
     return torch.view_as_real(pairs * turn).flatten(-2).type_as(x)
 
 

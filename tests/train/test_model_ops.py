@@ -40,9 +40,10 @@ def _fwd_bwd(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, grad: 
     return out.detach(), x.grad, sum(counted.ops.values())
 
 
+@pytest.mark.parametrize("tables", [torch.float32, torch.bfloat16])  # bf16: as FSDP casts a layer's inputs
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_as_complex_turns_is_the_pairs_formula_in_fewer_ops(dtype: torch.dtype) -> None:
-    cos, sin = rope_tables(64, torch.arange(3, 131))  # a shard's positions, as context parallel has
+def test_rope_as_complex_turns_is_the_pairs_formula_in_fewer_ops(dtype: torch.dtype, tables: torch.dtype) -> None:
+    cos, sin = (t.to(tables) for t in rope_tables(64, torch.arange(3, 131)))  # a shard's positions, as CP has
     x = torch.randn(2, 128, 4, 64, dtype=dtype)
     grad = torch.randn(2, 128, 4, 64, dtype=dtype)
     out, gx, ops = _fwd_bwd(lambda t: apply_rope(t, cos, sin), x, grad)
