@@ -17,6 +17,9 @@
 #   train_before     the train sweep from BEFORE_TREE
 #   train_after      from AFTER_TREE (OUT/store, as the attention steps), fresh ranks
 #   train_kept       train_after with launch.keep_ranks=true
+#   attn_default_cold, attn_default_warm, train_default
+#                    from AFTER_TREE with launch.keep_ranks left at its default (own store OUT/store_default,
+#                    emptied by attn_default_cold); EXTRA="k=v ..." adds overrides to these three
 # Fresh ranks: launch.keep_ranks=false (ranks of attention and train jobs on GPUs are kept by default).
 # The train steps share one Inductor cache (OUT/inductor, made by the first of them that runs).
 # Writes OUT/<step>/ (the sweep), OUT/<step>.log and one line per step to OUT/steps.txt:
@@ -61,7 +64,11 @@ for step in "$@"; do
     train_before) in_tree "$before" "$step" "${train[@]}" ;;
     train_after) in_tree "$after" "$step" "${train[@]}" store.dir="$out/store" launch.keep_ranks=false ;;
     train_kept) in_tree "$after" "$step" "${train[@]}" store.dir="$out/store" launch.keep_ranks=true ;;
+    attn_default_cold) rm -rf "$out/store_default"
+      in_tree "$after" "$step" "${attn[@]}" store.dir="$out/store_default" ${EXTRA:-} ;;
+    attn_default_warm) in_tree "$after" "$step" "${attn[@]}" store.dir="$out/store_default" ${EXTRA:-} ;;
+    train_default) in_tree "$after" "$step" "${train[@]}" store.dir="$out/store_default" ${EXTRA:-} ;;
     *) echo "unknown step: $step (valid: attn_before attn_cold attn_warm attn_warm_kept attn_cold_kept" \
-            "train_before train_after train_kept)" >&2; exit 2 ;;
+            "train_before train_after train_kept attn_default_cold attn_default_warm train_default)" >&2; exit 2 ;;
   esac
 done
