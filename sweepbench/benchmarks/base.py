@@ -84,6 +84,12 @@ class Benchmark(ABC):
     keeps_ranks: ClassVar[bool] = False
 
     @classmethod
+    def keeps_ranks_for(cls, cfg: DictConfig) -> bool:
+        """``keeps_ranks`` for this job's config: a benchmark measured the same kept or fresh only for
+        some of its jobs narrows it here."""
+        return cls.keeps_ranks
+
+    @classmethod
     def headline(cls, cfg: DictConfig) -> list[Headline]:
         """The columns the summary table and the report show for a job of this config."""
         return []

@@ -139,6 +139,12 @@ class TrainBenchmark(Benchmark):
     keeps_ranks = True  # step medians and peaks the same kept or fresh (train_h200x1 sweep_time runs)
 
     @classmethod
+    def keeps_ranks_for(cls, cfg: DictConfig) -> bool:
+        # one rank only: on 4 GPUs every 4-rank job run in kept ranks died at its start (rank 0,
+        # SIGSEGV) where the same jobs in new processes ran (docs/running.md)
+        return cls.keeps_ranks and cls.world_size(cfg) == 1
+
+    @classmethod
     def validate(cls, cfg: DictConfig) -> None:
         from sweepbench.config.validate import device_type
         from sweepbench.train.context import check_cp

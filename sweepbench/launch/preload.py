@@ -76,7 +76,7 @@ def usable(cfg: DictConfig) -> bool:
 
 def keeps(cfg: DictConfig, *, on_gpus: bool | None = None) -> bool:
     """Whether this job's ranks are kept for the sweep's next job: ``launch.keep_ranks`` where set
-    (true is refused before any rank where it cannot be), else the benchmark's ``keeps_ranks`` for
+    (true is refused before any rank where it cannot be), else the benchmark's ``keeps_ranks_for`` for
     ranks on GPUs, where its numbers were measured the same (a kept process's host memory is not a
     fresh one's, so CPU jobs run fresh), and where the sweep allows it: one round a job, the
     driver's own interpreter. ``on_gpus``: a SLURM job's request says; None for a local job, whose
@@ -94,7 +94,7 @@ def keeps(cfg: DictConfig, *, on_gpus: bool | None = None) -> bool:
         return False
     from sweepbench.benchmarks.registry import get_benchmark
 
-    return get_benchmark(cfg.benchmark.name).keeps_ranks
+    return get_benchmark(cfg.benchmark.name).keeps_ranks_for(cfg)
 
 
 class ForkedRank:

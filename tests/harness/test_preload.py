@@ -120,22 +120,27 @@ def test_kept_ranks_make_new_subgroups_for_the_next_jobs_world(tmp_path: Path) -
 
 
 def test_ranks_are_kept_by_default_only_on_gpus_for_a_benchmark_measured_the_same(compose: Any) -> None:
-    """launch.keep_ranks=null (the default): kept for attention and train ranks on GPUs (their
+    """launch.keep_ranks=null (the default): kept for attention and one-rank train jobs on GPUs (their
     medians and peaks were measured the same kept or fresh), not for CPU ranks (a kept process's
     host memory is not a fresh one's), not for other benchmarks, not with rounds or another
     interpreter; true and false are obeyed. SLURM passes what its request asks for."""
     keeps = preload.keeps
     assert compose("benchmark=attention").launch.keep_ranks is None
-    for bench in ("attention", "train"):
-        assert keeps(compose(f"benchmark={bench}", "backend=nccl"))
-        assert not keeps(compose(f"benchmark={bench}", "backend=gloo"))
-        assert not keeps(compose(f"benchmark={bench}", "backend=nccl", "sweep.repeats=2"))
-        assert not keeps(compose(f"benchmark={bench}", "backend=nccl", "launch.keep_ranks=false"))
-        assert not keeps(compose(f"benchmark={bench}", "backend=nccl", "launch.preload=false"))
-        assert not keeps(compose(f"benchmark={bench}", "backend=nccl", f"launch.python={sys.executable}x"))
-        assert keeps(compose(f"benchmark={bench}", "backend=gloo"), on_gpus=True)  # a SLURM request for GPUs
+    for bench, one in (("attention", "parallelism=cp1"), ("train", "parallelism=tp1")):
+        assert keeps(compose(f"benchmark={bench}", one, "backend=nccl"))
+        assert not keeps(compose(f"benchmark={bench}", one, "backend=gloo"))
+        assert not keeps(compose(f"benchmark={bench}", one, "backend=nccl", "sweep.repeats=2"))
+        assert not keeps(compose(f"benchmark={bench}", one, "backend=nccl", "launch.keep_ranks=false"))
+        assert not keeps(compose(f"benchmark={bench}", one, "backend=nccl", "launch.preload=false"))
+        assert not keeps(compose(f"benchmark={bench}", one, "backend=nccl", f"launch.python={sys.executable}x"))
+        assert keeps(compose(f"benchmark={bench}", one, "backend=gloo"), on_gpus=True)  # a SLURM request for GPUs
     for bench in ("collective", "refit", "reshard"):
         assert not keeps(compose(f"benchmark={bench}", "backend=nccl"))
+    # train keeps one-rank jobs only (several ranks kept on GPUs died at their next job's start)
+    for layout in ("dp2", "tp2", "pp2"):
+        assert not keeps(compose("benchmark=train", f"parallelism={layout}", "backend=nccl"))
+        assert keeps(compose("benchmark=train", f"parallelism={layout}", "backend=nccl", "launch.keep_ranks=true"))
+    assert keeps(compose("benchmark=attention", "parallelism=cp2", "backend=nccl"))
     assert keeps(compose("benchmark=collective", "backend=gloo", "launch.keep_ranks=true"))
 
 
