@@ -174,18 +174,18 @@ def prune(lengths: dict[str, Any] | None, *, seq_len: int, candidates: list[str]
         for b, s in lengths[str(at)].items()
         if isinstance(s, dict) and all(isinstance(s.get(k), (int, float)) for k in ("median_s", "min_s", "max_s"))
     }
+    why = {}
+    for b in candidates:  # left out there too: out here (even where one backend was left to time there)
+        left_out = lengths[str(at)].get(b)
+        if isinstance(left_out, dict) and isinstance(left_out.get("pruned"), str):
+            why[b] = f"left out since {at} tokens, where it was {left_out['pruned'][:400]}"
     if len(stats) < 2:
-        return {}
+        return why
     best = min(stats, key=lambda b: stats[b]["median_s"])
     b0 = stats[best]
-    why = {}
     for b in candidates:
         s = stats.get(b)
-        left_out = lengths[str(at)].get(b)
-        if isinstance(left_out, dict) and isinstance(left_out.get("pruned"), str):  # left out there too
-            why[b] = f"left out since {at} tokens, where it was {left_out['pruned'][:400]}"
-            continue
-        if b == best or s is None:
+        if b in why or b == best or s is None:
             continue
         ratio = s["median_s"] / b0["median_s"]
         if ratio > factor and s["min_s"] > b0["max_s"]:

@@ -47,7 +47,7 @@ class AttentionConfig(BenchmarkConfig):
     t1_iters: int = 3  # timed iterations of each single-device SDPA backend (T1), on rank 0
     # a backend whose median at the longest shorter length of this shape in the store was above this
     # factor x the best's (and its fastest sample slower than the best's slowest) is not timed: 0 = time all
-    t1_prune_factor: float = 2.0
+    t1_prune_factor: float = 1.5
     # test knob: exit | kill | raise | segfault: a first T1 candidate "fault" whose probe process does that
     t1_fault: str = ""
     seed: int = 0

@@ -1,7 +1,7 @@
 """The compute limits a training step is measured against.
 
 Two of them: the bf16 dense peak of the GPU from a table keyed by its name (what MFU divides by,
-as torchtitan does; the fp8 dense peak where the job trains in fp8), and a matmul ceiling
+as torchtitan does, for every precision, fp8 included), and a matmul ceiling
 measured by the job itself on its own devices before it trains (the most a large matmul reaches
 there, the "limit measured in the same job"). On a CPU the
 table has no entry: MFU is taken against the measured ceiling, and the job says so."""
@@ -27,30 +27,9 @@ BF16_PEAK_FLOPS: tuple[tuple[str, float], ...] = (
 )
 
 
-# fp8 dense peak FLOP/s, same keys (no entry: the GPU has no float8 tensor cores, or none is tabled)
-FP8_PEAK_FLOPS: tuple[tuple[str, float], ...] = (
-    ("H100 PCIe", 1513e12),
-    ("H100", 1979e12),
-    ("H200", 1979e12),
-    ("H20", 296e12),
-    ("B200", 4500e12),
-    ("GB200", 5000e12),
-    ("L40S", 733e12),
-)
-
-
-def dense_peak(device: torch.device, precision: str) -> tuple[float | None, str]:
-    """(the dense peak FLOP/s of the precision's matmuls, or None, the device's name): fp8's for
-    precision=fp8, bf16's otherwise (fp32 and mixed are measured against bf16, as torchtitan does)."""
-    if device.type != "cuda":
-        return None, "cpu"
-    name = torch.cuda.get_device_name(device)
-    table = FP8_PEAK_FLOPS if precision == "fp8" else BF16_PEAK_FLOPS
-    return next((peak for key, peak in table if key in name), None), name
-
-
 def bf16_peak(device: torch.device) -> tuple[float | None, str]:
-    """(peak FLOP/s or None, the device's name)."""
+    """(the bf16 dense peak FLOP/s or None, the device's name): MFU's denominator for every precision
+    (fp32, mixed and fp8 included), so that MFUs compare across precisions."""
     if device.type != "cuda":
         return None, "cpu"
     name = torch.cuda.get_device_name(device)

@@ -20,7 +20,7 @@ from sweepbench.train.context import ContextParallel, build_context_parallel
 from sweepbench.train.data import SyntheticTask
 from sweepbench.train.impls import IMPLS
 from sweepbench.train.packing import PackedTask, PaddedTask
-from sweepbench.train.flops import dense_peak, matmul_ceiling
+from sweepbench.train.flops import bf16_peak, matmul_ceiling
 from sweepbench.train.memory import (
     GIB,
     HostSampler,
@@ -191,7 +191,7 @@ def run_training(job: TrainJob, *, rank: int, device: torch.device, job_dir: Pat
     tokens_per_s = step_tokens / stats["median_s"]
     fpt = flops_per_token(shape, plan.seq_len, lora_rank=opts.lora_rank)
     achieved = tokens_per_s * fpt / plan.world_size  # model FLOP/s per device
-    peak, device_name = dense_peak(device, plan.precision)
+    peak, device_name = bf16_peak(device)
     if achieved > ceiling:
         raise VerificationError(
             f"model FLOP/s per device {achieved:.3e} exceed the matmul ceiling {ceiling:.3e} "

@@ -297,6 +297,10 @@ def test_the_prune_rule_needs_the_factor_and_separated_samples() -> None:
                       "b": {"pruned": "left out at this length: at 16 tokens its median 3 s was 3.00x the best's"}}}
     why = prune(carried, seq_len=64, candidates=["a", "b", "c"], factor=2.0)
     assert set(why) == {"b"} and why["b"].startswith("left out since 32 tokens, where it was left out at this length: at 16")
+    # where only the best was left to time at 32 (every other backend left out), they all stay out at 64
+    alone = {"32": {"a": {"median_s": 4.0, "min_s": 3.8, "max_s": 4.2}, "b": {"pruned": "left out at this length"},
+                    "c": {"pruned": "left out at this length"}}}
+    assert set(prune(alone, seq_len=64, candidates=["a", "b", "c"], factor=1.5)) == {"b", "c"}
 
 
 def test_a_cold_store_sweep_and_its_warm_rerun_compare_case_by_case(stored: tuple[Path, Any, Any]) -> None:
