@@ -198,10 +198,12 @@ class Trainer:
         losses: list[torch.Tensor] = []
         assert self.schedule is not None  # a step of a pipeline
         with self.plan.autocast(self.device.type, sharded=self.sharded):
+            # no merged outputs: the loss comes from `losses`, and the last stage would otherwise keep
+            # every micro-batch's logits to the step's end
             if self.first:
-                self.schedule.step(inputs, target=targets if self.last else None, losses=losses)
+                self.schedule.step(inputs, target=targets if self.last else None, losses=losses, return_outputs=False)
             elif self.last:
-                self.schedule.step(target=targets, losses=losses)
+                self.schedule.step(target=targets, losses=losses, return_outputs=False)
             else:
                 self.schedule.step()
         if not self.last:

@@ -120,3 +120,41 @@ def test_page_keeps_each_schedule_a_case_of_its_own(schedules: SweepRun) -> None
     rows = [spec.rows(job)[0] for job in schedules.all_metrics().values()]
     assert sorted(r["variant"] for r in rows) == [f"no SP, {name}, 4 micro-batches" for name in sorted(SCHEDULES)]
     assert len({tuple(r[k] for k in spec.case) for r in rows}) == len(SCHEDULES)
+
+
+def last_stage_after_a_step(rank: int, world_size: int, config: dict[str, Any]) -> list[int]:
+    """One pipeline step of ours on 2 gloo ranks: how many forward outputs each stage still holds."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from sweepbench.benchmarks.train import build_job
+    from sweepbench.train.data import SyntheticTask
+    from sweepbench.train.plan import build_plan
+    from sweepbench.train.run import Batches, options_of
+    from sweepbench.train.shape import shape_of
+    from sweepbench.train.trainer import Trainer, build_mesh
+
+    job = build_job(OmegaConf.create(config))
+    plan, opts = build_plan(job), options_of(job.knobs, job.model.hidden_size)
+    device = torch.device("cpu")
+    mesh = build_mesh(plan, device)
+    shape = shape_of(job.model)
+    task = SyntheticTask(vocab_size=shape.vocab_size, seq_len=plan.seq_len, global_batch=plan.global_batch, seed=0)
+    trainer = Trainer(shape, plan, opts, device=device, mesh=mesh)
+    trainer.step(*Batches(task, plan, dp_rank=0, cp=None, device=device)(0))
+    assert trainer.schedule is not None
+    stages = getattr(trainer.schedule, "_stages", None) or [trainer.schedule._stage]  # type: ignore[attr-defined]
+    return [len(s.output_chunks) for s in stages]
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved_1f1b"])
+def test_the_last_stage_keeps_no_micro_batch_outputs(worlds: Any, compose: Any, schedule: str) -> None:
+    """A pipeline step asks for no merged outputs (its loss comes from the schedule's losses), so the
+    last stage holds none of its micro-batches' logits after the step (with 8 micro-batches of an 8B
+    model at 8192 tokens they ran an 80 GB GPU out of memory); its micro-batches still all ran."""
+    from omegaconf import OmegaConf
+
+    cfg = compose("benchmark=train", "model=tiny", "backend=gloo", "parallelism=pp2", "benchmark.seq_len=32",
+                  "benchmark.global_batch=4", f"benchmark.pp_schedule={schedule}", "benchmark.precision=fp32")
+    held = worlds.get(2).run(last_stage_after_a_step, OmegaConf.to_container(cfg, resolve=True))
+    assert held == [[0] * len(h) for h in held] and all(held), held
