@@ -48,6 +48,21 @@ def ring(q, k, v, **kw: Any) -> torch.Tensor:
     )
 
 
+def ring_lp(q, k, v, **kw: Any) -> torch.Tensor:
+    return ring_attention(
+        q,
+        k,
+        v,
+        comm=kw["comm"],
+        causal=kw["causal"],
+        scale=kw["scale"],
+        backend=kw["backend"],
+        placement="zigzag",
+        overlap=True,
+        grads_in_input_dtype=True,
+    )
+
+
 def ring_naive(q, k, v, **kw: Any) -> torch.Tensor:
     if kw["pattern"] == "dilated":  # the reference code's distribution: contiguous, gathered over every rank
         return _dilated(q, k, v, placement="contiguous", exchange="group", **kw)

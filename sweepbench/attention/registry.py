@@ -83,6 +83,16 @@ register_impl(
         one_rank_is_t1=True,
     )
 )
+register_impl(
+    ImplSpec(
+        "ring_lp",
+        "zigzag",
+        f"{_E}:ring_lp",
+        "ring with the backward's travelling dK/dV in the input dtype (bf16), not fp32 sums: half their bytes",
+        patterns=("dense",),
+        one_rank_is_t1=True,
+    )
+)
 register_impl(ImplSpec("allgather", "zigzag", f"{_E}:allgather", "Llama-3 style: all-gather K/V, Q local"))
 register_impl(
     ImplSpec(

@@ -18,7 +18,8 @@ rows of that K/V the blocks so far attended to (``_key_rows``; the receiver work
 the same schedule): at W=2 with the zigzag, rank 1's dK/dV of rank 0's K/V is its first half only,
 the kernel's output sent as it is (no zero-filled full-length buffer).
 ``ring_naive`` is this code with contiguous placement and no overlap: each exchange is waited for
-at once."""
+at once; ``ring_lp`` is ``ring`` with every travelling dK/dV in the input dtype (bf16 on GPUs: half
+the bytes of the fp32 sums, rounded once per hop; the fp32 sums stay ``ring``'s)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,9 @@ class RingOptions:
     scale: float
     backend: SdpaBackend
     comm: Comm
+    # the travelling dK/dV in the input dtype at every step (``ring_lp``): half the backward's gradient
+    # bytes in bf16, one rounding to it per hop; False: a sum of several steps travels in fp32
+    grads_in_input_dtype: bool = False
 
 
 KV = tuple[torch.Tensor, torch.Tensor]
@@ -174,8 +178,9 @@ class RingAttention(torch.autograd.Function):
                 assert got is not None
                 dk.add(_within(got_rows, span, n), got[0])
                 dv.add(_within(got_rows, span, n), got[1])
-            # one term (step 0) stays in the input dtype; a sum of several travels in fp32
-            dtype = k.dtype if own or s == 0 else torch.float32
+            # one term (step 0) stays in the input dtype; a sum of several travels in fp32 (in the
+            # input dtype with grads_in_input_dtype)
+            dtype = k.dtype if own or s == 0 or opt.grads_in_input_dtype else torch.float32
             grads = (dk.result(dtype), dv.result(dtype))
             if not own:  # rank r+1's accumulator of the next K/V, over the rows ranks r+1..r+1+s attended to
                 got_rows = _key_rows(opt, [(r + 1 + j) % w for j in range(s + 1)], (src + 1) % w, n)
@@ -200,5 +205,8 @@ def ring_attention(
     backend: SdpaBackend,
     placement: str,
     overlap: bool,
+    grads_in_input_dtype: bool = False,
 ) -> torch.Tensor:
-    return RingAttention.apply(q, k, v, RingOptions(placement, overlap, causal, scale, backend, comm))
+    return RingAttention.apply(
+        q, k, v, RingOptions(placement, overlap, causal, scale, backend, comm, grads_in_input_dtype)
+    )

@@ -134,3 +134,32 @@ def ring_traffic(rank: int, world_size: int, size: int, views: bool) -> dict[str
     err = max((got.detach() - shard_sequence(want, dim=2, rank=rank, world_size=size, placement="zigzag")).abs().max()
               .item() for got, want in zip((out, lq.grad, lk.grad, lv.grad), ref))
     return {"calls": calls, "traffic": traffic, "error": err}
+
+
+def ring_grad_dtypes(rank: int, world_size: int, size: int, impl: str) -> dict[str, Any]:
+    """One causal zigzag ring fwd+bwd of ``impl`` (``ring`` or ``ring_lp``) in bf16 on the first
+    ``size`` ranks: the dtype and bytes of every message this rank sent in the backward (K/V and
+    dK/dV), and the largest error of out/dq/dk/dv against the fp32 reference."""
+    import torch.distributed as dist
+
+    if size not in _GROUPS:
+        _GROUPS[size] = dist.new_group(list(range(size)))
+    if rank >= size:
+        return {}
+    sent: list[tuple[str, int]] = []
+
+    class Spy(Comm):
+        def ring_exchange(self, send, recv, *, reverse=False):
+            if reverse:
+                sent.append((str(send[0].dtype), sum(x.numel() * x.element_size() for x in send)))
+            return super().ring_exchange(send, recv, reverse=reverse)
+
+    q, k, v, dout = inputs(64, 4, 2)
+    ref = reference(q, k, v, dout, causal=True, pattern="dense", segs=[], rates=[])
+    mine = [shard_sequence(x, dim=2, rank=rank, world_size=size, placement="zigzag").bfloat16() for x in (q, k, v, dout)]
+    lq, lk, lv = (x.clone().requires_grad_() for x in mine[:3])
+    out = cp_attention(lq, lk, lv, impl=impl, causal=True, comm=Spy(_GROUPS[size]), pattern="dense")
+    out.backward(mine[3])
+    err = max((got.detach().float() - shard_sequence(want, dim=2, rank=rank, world_size=size, placement="zigzag"))
+              .abs().max().item() for got, want in zip((out, lq.grad, lk.grad, lv.grad), ref))
+    return {"sent": sent, "error": err}

@@ -127,7 +127,7 @@ BAD = {
                        "model.hidden_size=48", "benchmark.seq_len=128"],
                       "impl=ulysses needs model.num_heads=3 divisible by the ring size 2"),
     "torch_cp_cpu": (["benchmark.impl=torch_cp", "parallelism=cp2", "benchmark.seq_len=128"],
-                     "impl=torch_cp runs on cuda only, not cpu (on cpu: ring, ring_naive, allgather, ulysses, usp)"),
+                     "impl=torch_cp runs on cuda only, not cpu (on cpu: ring, ring_naive, ring_lp, allgather, ulysses, usp)"),
     "gpu_sdpa_on_cpu": (["benchmark.sdpa_backend=cudnn", "benchmark.seq_len=128"],
                         "benchmark.sdpa_backend='cudnn' does not run on cpu; valid: auto, cpu_flash"),
     "impl": (["benchmark.impl=flash3"], "benchmark.impl='flash3'; valid: ring, ring_naive"),

@@ -68,3 +68,18 @@ def test_ring_blocks_are_views_and_dkdv_travels_as_attended_rows(world4) -> None
     # fwd: all of the K/V each way; bwd at W=2: no K/V rotation, one dK/dV each way, sized by its sender
     assert views[0]["traffic"] == [("fwd", 16, 16), ("bwd", 16, 8)]
     assert views[1]["traffic"] == [("fwd", 16, 16), ("bwd", 8, 16)]
+
+
+def test_ring_lp_sends_the_backwards_gradients_in_the_input_dtype(world4) -> None:
+    """ring_lp at W=4 in bf16: every backward message in bf16 (ring sends its sums of several steps in
+    fp32), fewer backward bytes than ring, and out/dq/dk/dv within bf16's error of the fp32 reference,
+    as close as ring's to within a bf16 rounding."""
+    from tests.attention.cases import ring_grad_dtypes
+
+    ring = world4.run(ring_grad_dtypes, 4, "ring")
+    lp = world4.run(ring_grad_dtypes, 4, "ring_lp")
+    assert {d for r in lp for d, _ in r["sent"]} == {"torch.bfloat16"}
+    assert "torch.float32" in {d for r in ring for d, _ in r["sent"]}
+    for a, b in zip(ring, lp):
+        assert sum(n for _, n in b["sent"]) < sum(n for _, n in a["sent"])
+    assert max(r["error"] for r in lp) < 0.05 and max(r["error"] for r in lp) < max(r["error"] for r in ring) + 0.02

@@ -147,7 +147,7 @@ def test_usp_needs_heads_divisible_by_its_ulysses_degree() -> None:
     assert why_not("usp", world_size=4, num_heads=6, **kw) is None  # 2 groups of 2: 6 heads split over 2
     msg = why_not("usp", world_size=8, num_heads=6, **kw)  # groups of 4
     assert msg is not None and msg.startswith("impl=usp needs model.num_heads=6 divisible by its Ulysses degree "
-                                              "at W=8, 4 (use another cp, or impl=ring, ring_naive, allgather")
+                                              "at W=8, 4 (use another cp, or impl=ring, ring_naive, ring_lp, allgather")
     assert why_not("usp", world_size=2, num_heads=3, **kw) is None  # W=2: a plain ring
 
 
