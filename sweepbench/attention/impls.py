@@ -32,51 +32,35 @@ def _dilated(q, k, v, *, placement: str, exchange: str, **kw: Any) -> torch.Tens
     )
 
 
+def _ring(q, k, v, kw: dict[str, Any], *, placement: str, overlap: bool, grads_in_input_dtype: bool = False):
+    return ring_attention(
+        q,
+        k,
+        v,
+        comm=kw["comm"],
+        causal=kw["causal"],
+        scale=kw["scale"],
+        backend=kw["backend"],
+        placement=placement,
+        overlap=overlap,
+        grads_in_input_dtype=grads_in_input_dtype,
+    )
+
+
 def ring(q, k, v, **kw: Any) -> torch.Tensor:
     if kw["pattern"] == "dilated":  # LongNet's distribution: whole segments local, a spanning one among its ranks
         return _dilated(q, k, v, placement="contiguous", exchange="covering", **kw)
-    return ring_attention(
-        q,
-        k,
-        v,
-        comm=kw["comm"],
-        causal=kw["causal"],
-        scale=kw["scale"],
-        backend=kw["backend"],
-        placement="zigzag",
-        overlap=True,
-    )
+    return _ring(q, k, v, kw, placement="zigzag", overlap=True)
 
 
 def ring_lp(q, k, v, **kw: Any) -> torch.Tensor:
-    return ring_attention(
-        q,
-        k,
-        v,
-        comm=kw["comm"],
-        causal=kw["causal"],
-        scale=kw["scale"],
-        backend=kw["backend"],
-        placement="zigzag",
-        overlap=True,
-        grads_in_input_dtype=True,
-    )
+    return _ring(q, k, v, kw, placement="zigzag", overlap=True, grads_in_input_dtype=True)
 
 
 def ring_naive(q, k, v, **kw: Any) -> torch.Tensor:
     if kw["pattern"] == "dilated":  # the reference code's distribution: contiguous, gathered over every rank
         return _dilated(q, k, v, placement="contiguous", exchange="group", **kw)
-    return ring_attention(
-        q,
-        k,
-        v,
-        comm=kw["comm"],
-        causal=kw["causal"],
-        scale=kw["scale"],
-        backend=kw["backend"],
-        placement="contiguous",
-        overlap=False,
-    )
+    return _ring(q, k, v, kw, placement="contiguous", overlap=False)
 
 
 def allgather(q, k, v, **kw: Any) -> torch.Tensor:
