@@ -55,15 +55,22 @@ def check_case(rank: int, world_size: int, case: dict[str, Any], *, comm: Comm |
 _GROUPS: dict[int, Any] = {}
 
 
-def check_cases(rank: int, world_size: int, size: int, cases: list[dict[str, Any]]) -> list[float]:
-    """Run ``cases`` on the first ``size`` ranks of the world (a subgroup); the others idle."""
+def _first_ranks(rank: int, size: int) -> Any | None:
+    """The group of the world's first ``size`` ranks (made once, every rank of the world taking part),
+    for a rank in it; None for the others, which idle."""
     import torch.distributed as dist
 
-    if size not in _GROUPS:  # every rank of the world takes part in making a group
+    if size not in _GROUPS:
         _GROUPS[size] = dist.new_group(list(range(size)))
-    if rank >= size:
+    return _GROUPS[size] if rank < size else None
+
+
+def check_cases(rank: int, world_size: int, size: int, cases: list[dict[str, Any]]) -> list[float]:
+    """Run ``cases`` on the first ``size`` ranks of the world (a subgroup); the others idle."""
+    group = _first_ranks(rank, size)
+    if group is None:
         return []
-    comm = Comm(_GROUPS[size])
+    comm = Comm(group)
     return [check_case(rank, size, case, comm=comm) for case in cases]
 
 
@@ -92,14 +99,11 @@ def ring_traffic(rank: int, world_size: int, size: int, views: bool) -> dict[str
     the error against the reference."""
     import dataclasses
 
-    import torch.distributed as dist
-
     from sweepbench.attention.ops import get_backend
     from sweepbench.attention.ring import ring_attention
 
-    if size not in _GROUPS:
-        _GROUPS[size] = dist.new_group(list(range(size)))
-    if rank >= size:
+    group = _first_ranks(rank, size)
+    if group is None:
         return {}
     seq, heads = 32, 2
     traffic: list[tuple[str, int, int]] = []  # (direction, rows sent, rows received)
@@ -127,7 +131,7 @@ def ring_traffic(rank: int, world_size: int, size: int, views: bool) -> dict[str
     ref = reference(q, k, v, dout, causal=True, pattern="dense", segs=[], rates=[])
     mine = [shard_sequence(x, dim=2, rank=rank, world_size=size, placement="zigzag") for x in (q, k, v, dout)]
     lq, lk, lv = (x.clone().requires_grad_() for x in mine[:3])
-    out = ring_attention(lq, lk, lv, comm=Spy(_GROUPS[size]), causal=True, scale=HEAD_DIM ** -0.5,
+    out = ring_attention(lq, lk, lv, comm=Spy(group), causal=True, scale=HEAD_DIM ** -0.5,
                          backend=dataclasses.replace(real, forward=fwd, backward=bwd), placement="zigzag",
                          overlap=True)
     out.backward(mine[3])
@@ -140,11 +144,8 @@ def ring_grad_dtypes(rank: int, world_size: int, size: int, impl: str) -> dict[s
     """One causal zigzag ring fwd+bwd of ``impl`` (``ring`` or ``ring_lp``) in bf16 on the first
     ``size`` ranks: the dtype and bytes of every message this rank sent in the backward (K/V and
     dK/dV), and the largest error of out/dq/dk/dv against the fp32 reference."""
-    import torch.distributed as dist
-
-    if size not in _GROUPS:
-        _GROUPS[size] = dist.new_group(list(range(size)))
-    if rank >= size:
+    group = _first_ranks(rank, size)
+    if group is None:
         return {}
     sent: list[tuple[str, int]] = []
 
@@ -158,7 +159,7 @@ def ring_grad_dtypes(rank: int, world_size: int, size: int, impl: str) -> dict[s
     ref = reference(q, k, v, dout, causal=True, pattern="dense", segs=[], rates=[])
     mine = [shard_sequence(x, dim=2, rank=rank, world_size=size, placement="zigzag").bfloat16() for x in (q, k, v, dout)]
     lq, lk, lv = (x.clone().requires_grad_() for x in mine[:3])
-    out = cp_attention(lq, lk, lv, impl=impl, causal=True, comm=Spy(_GROUPS[size]), pattern="dense")
+    out = cp_attention(lq, lk, lv, impl=impl, causal=True, comm=Spy(group), pattern="dense")
     out.backward(mine[3])
     err = max((got.detach().float() - shard_sequence(want, dim=2, rank=rank, world_size=size, placement="zigzag"))
               .abs().max().item() for got, want in zip((out, lq.grad, lk.grad, lv.grad), ref))
