@@ -2,8 +2,12 @@
 weights and gradients cast to float8 with dynamic scales for the matmuls, bf16 weights kept), as
 torchtitan's float8 converter does; the output projection stays in bf16 (its logits feed the loss).
 
-    tensorwise  one scale per tensor; under FSDP2 the weights are all-gathered in float8
-    rowwise     one scale per row (more accurate, slower matmuls); weights all-gathered in bf16
+    tensorwise  one scale per tensor; under FSDP2 the weights are all-gathered in float8, their
+                scales computed for all weights at once after each optimizer step
+    rowwise     one scale per row (more accurate, slower matmuls); weights all-gathered in bf16;
+                compiled with inductor's casts rounded as eager rounds them (without that, the
+                recomputed RMSNorm of a compiled step drifts from the saved one and the loss goes
+                NaN within a few steps, as torchtitan found)
 
 torchao is an optional dependency (``pip install -e ".[fp8]"``); float8 matmuls need a GPU of
 compute capability 8.9 or newer (the plan refuses fp8 elsewhere before any rank starts)."""
@@ -11,6 +15,7 @@ compute capability 8.9 or newer (the plan refuses fp8 elsewhere before any rank 
 from __future__ import annotations
 
 import torch
+import torch._inductor.config
 from torch import nn
 
 FP8_MIN_CAPABILITY = (8, 9)
@@ -24,6 +29,31 @@ def _converts(module: nn.Module, fqn: str) -> bool:
     if isinstance(module, nn.Linear):
         return module.in_features % _FP8_MULTIPLE == 0 and module.out_features % _FP8_MULTIPLE == 0
     return True
+
+
+# inductor's setting as this process started, restored for every job that is not fp8 rowwise
+_EAGER_CASTS_DEFAULT = bool(torch._inductor.config.emulate_precision_casts)
+
+
+def set_inductor_casts(*, fp8_recipe: str | None) -> None:
+    """Make inductor round its casts as eager does for fp8 rowwise, and leave it at its default for
+    every other job (ranks kept between jobs would otherwise carry one job's setting into the next)."""
+    torch._inductor.config.emulate_precision_casts = fp8_recipe == "rowwise" or _EAGER_CASTS_DEFAULT
+
+
+def scales_precomputed(*, recipe: str, fsdp: bool) -> bool:
+    """Whether the float8 weights' scales are computed once per step for all of them
+    (:func:`precompute_scales` after each optimizer step): tensorwise under FSDP2."""
+    return recipe == "tensorwise" and fsdp
+
+
+def precompute_scales(parts: list[nn.Module]) -> None:
+    """Compute every float8 weight's scale in one pass after the optimizer step, where each
+    all-gather would otherwise compute its own (torchao's precompute_float8_dynamic_scale_for_fsdp)."""
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    for part in parts:
+        precompute_float8_dynamic_scale_for_fsdp(part)
 
 
 def apply_fp8(model: nn.Module, *, recipe: str, fsdp: bool) -> None:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from sweepbench.train.fp8 import apply_fp8, precompute_scales, scales_precomputed, set_inductor_casts
 from sweepbench.train.impls import IMPLS
 from sweepbench.train.init import init_weights
 from sweepbench.train.model import Attention, Transformer
@@ -92,6 +93,9 @@ class Trainer:
         self.sharded = mesh is not None and plan.dp * plan.cp > 1 and opts.dp_shard == "fsdp"
         pp_rank = mesh["pp"].get_local_rank() if mesh is not None and plan.pp > 1 else 0
         stage_ids = pipeline_stage_ids(opts.pp_schedule, pp_rank=pp_rank, pp=plan.pp) if plan.pp > 1 else [0]
+        fp8_recipe = opts.fp8_recipe if plan.precision == "fp8" else None
+        set_inductor_casts(fp8_recipe=fp8_recipe)
+        self.precompute_fp8 = fp8_recipe is not None and scales_precomputed(recipe=fp8_recipe, fsdp=self.sharded)
         self.parts: list[nn.Module] = []
         self.first = self.last = False
         for sid in stage_ids:
@@ -130,8 +134,6 @@ class Trainer:
             for block in model.layers.values():
                 cast(Attention, block.attention).attn_fn = attn_fn
         if self.plan.precision == "fp8":
-            from sweepbench.train.fp8 import apply_fp8
-
             apply_fp8(model, recipe=self.opts.fp8_recipe, fsdp=self.sharded)
         if self.mesh is not None and self.plan.tp > 1:
             apply_tp(model, self.mesh["tp"], sequence_parallel=self.opts.tp_sp, async_tp=self.opts.async_tp)
@@ -192,6 +194,8 @@ class Trainer:
                     part.backward()
                 loss += part.detach()
         self.optimizer.step()
+        if self.precompute_fp8:
+            precompute_scales(self.parts)
         return loss
 
     def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -113,6 +113,24 @@ def test_fp8_converts_block_linears_not_the_output(recipe: str) -> None:
     assert gathers == {recipe == "tensorwise"}  # weights all-gathered in float8 only with one scale per tensor
 
 
+def test_fp8_rowwise_compiles_with_eager_casts_and_no_other_job_does() -> None:
+    import torch._inductor.config as inductor
+
+    from sweepbench.train.fp8 import scales_precomputed, set_inductor_casts
+
+    before = inductor.emulate_precision_casts
+    try:
+        set_inductor_casts(fp8_recipe="rowwise")
+        assert inductor.emulate_precision_casts is True
+        for recipe in ("tensorwise", None):  # the next job in kept ranks gets inductor's default back
+            set_inductor_casts(fp8_recipe=recipe)
+            assert inductor.emulate_precision_casts is before
+    finally:
+        inductor.emulate_precision_casts = before
+    assert scales_precomputed(recipe="tensorwise", fsdp=True)
+    assert not scales_precomputed(recipe="tensorwise", fsdp=False) and not scales_precomputed(recipe="rowwise", fsdp=True)
+
+
 def test_page_keeps_each_schedule_a_case_of_its_own(schedules: SweepRun) -> None:
     from sweepbench.benchmarks.train import TrainBenchmark
 
