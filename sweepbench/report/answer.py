@@ -152,7 +152,13 @@ def answer_benchmark(name: str, jobs: Sequence[dict[str, Any]], *, thresholds: A
     from sweepbench.report.verdicts import Thresholds
 
     thresholds = thresholds or Thresholds()
-    lay = layout(jobs)
+    ok = [j for j in jobs if j.get("status") == "ok" and j.get("results")]
+    # work counted per GPU (tokens per GPU) compares across world sizes: tp2 against tp4 is the
+    # user's question; time alone (an attention step at W=2 against W=4) does not
+    per_gpu = bool(ok) and all(
+        work_per_step(j, c) is not None for j in ok for c in j["results"].get("cases", []) if compared(j, c)
+    )
+    lay = layout(jobs).worlds_as_layouts() if per_gpu else layout(jobs)
     every: list[Axis] = [*lay.scales, *lay.series]
     result = Answer(name, lay)
     for job in jobs:
@@ -166,13 +172,15 @@ def answer_benchmark(name: str, jobs: Sequence[dict[str, Any]], *, thresholds: A
                     "error": error[-1][:200],
                 }
             )
-    ok = [j for j in jobs if j.get("status") == "ok" and j.get("results")]
     groups: dict[tuple[str, str], Ranking] = {}
     order: dict[tuple[str, str], tuple[Any, ...]] = {}  # by the scales' values, then the cases' order
     keys = _case_keys(ok)
     backends = {str(j.get("backend")) for j in ok}  # a CPU (gloo) job is never ranked against a GPU job
-    # jobs of different world sizes are never ranked together, whether or not the world size is swept
-    per_world = len({j.get("world_size") for j in ok}) > 1 and not any(WORLD in a.keys for a in lay.scales)
+    # jobs of different world sizes are ranked together only by work per GPU, whether or not the
+    # world size is swept
+    per_world = (
+        not per_gpu and len({j.get("world_size") for j in ok}) > 1 and not any(WORLD in a.keys for a in lay.scales)
+    )
     for job in ok:
         group = ", ".join(
             [

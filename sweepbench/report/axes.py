@@ -137,6 +137,17 @@ class Layout:
     def facet_label(self, job: dict[str, Any]) -> str:
         return ", ".join(f"{a.name}={a.show(job)}" for a in self.facets)
 
+    def worlds_as_layouts(self) -> Layout:
+        """This layout with the scale that moves with the world size as a category named by its
+        layout (``parallelism=tp2,tp4``: tp2 and tp4 ranked against each other), for a benchmark
+        whose work is counted per GPU, so that different world sizes compare."""
+        moved = [a for a in self.scales if WORLD in a.keys]
+        if not moved:
+            return self
+        kept = [a for a in self.scales if WORLD not in a.keys]
+        named = [Axis(a.keys, next((k for k in a.keys if k.endswith(".name")), a.key), False) for a in moved]
+        return Layout(x=kept[0] if kept else None, facets=kept[1:], series=[*self.series, *named])
+
 
 def label(job: dict[str, Any], axes: Sequence[Axis]) -> str:
     """The job as the values of ``axes``: a single axis of names shows its value alone

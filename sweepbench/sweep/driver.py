@@ -228,11 +228,13 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
         preload.release_kept()  # launch.keep_ranks: the sweep's ranks leave with it
     first_crash = {tag: msg for (tag, _), msg in reversed(list(crashed.items()))}
     not_run: dict[str, str] = {}
+    rounds_not_run: dict[tuple[str, int], str] = {}
     if stopped_by is not None:  # the units this run never started: not run, never "failed"
-        unstarted = {tag for tag, r in todo if status.unit_label(tag, r) not in progress.started}
-        not_run = {
-            tag: f"not started: the sweep was stopped by {signal.Signals(stopped_by).name} first" for tag in unstarted
-        }
+        stop_note = f"not started: the sweep was stopped by {signal.Signals(stopped_by).name} first"
+        never = [(tag, r) for tag, r in todo if status.unit_label(tag, r) not in progress.started]
+        unstarted = {tag for tag, _ in never}
+        not_run = {tag: stop_note for tag in unstarted}
+        rounds_not_run = {(tag, r): stop_note for tag, r in never if r is not None}
         for tag in unstarted:
             forget_unstarted(sweep_dir / tag)
     records.reread(todo)  # for all that follows: the rounds, results.csv, the summary, the ranking, the page
@@ -243,6 +245,7 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
                 [j.tag for j in jobs],
                 repeats=repeats,
                 crashed={(t, r): m for (t, r), m in crashed.items() if r is not None},
+                not_run=rounds_not_run,
             )
         except OSError as err:
             print(f"sweepbench: the jobs' records of their rounds were not combined: {err}", file=sys.stderr)

@@ -79,17 +79,26 @@ def _combined_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
-def _round_line(r: int, metrics: dict[str, Any] | None, crash: str | None) -> dict[str, Any]:
+def _round_line(r: int, metrics: dict[str, Any] | None, crash: str | None, not_run: str | None) -> dict[str, Any]:
+    if metrics is None and not_run is not None and crash is None:  # a stop came before it: never "failed"
+        return {"round": r, "status": "not run", "error": not_run}
     if metrics is None:
         return {"round": r, "status": "failed", "error": crash or "it left no metrics.json (a rerun runs it)"}
     keys = ("status", "error", "wall_time_s", "timed_s", "started_at", "finished_at")
     return {"round": r, **{k: metrics.get(k) for k in keys}}
 
 
-def combine_rounds(records: list[dict[str, Any] | None], *, crashed: dict[int, str] | None = None) -> dict[str, Any]:
-    """The job's combined record from its rounds' metrics.json (``records[r-1]``, None if missing)."""
-    crashed = crashed or {}
-    lines = [_round_line(r, m, crashed.get(r)) for r, m in enumerate(records, start=1)]
+def combine_rounds(
+    records: list[dict[str, Any] | None],
+    *,
+    crashed: dict[int, str] | None = None,
+    not_run: dict[int, str] | None = None,
+) -> dict[str, Any]:
+    """The job's combined record from its rounds' metrics.json (``records[r-1]``, None if missing);
+    ``not_run``: the rounds a stop of the sweep came before, with why (the job is then "not run",
+    and a rerun runs what is left)."""
+    crashed, not_run = crashed or {}, not_run or {}
+    lines = [_round_line(r, m, crashed.get(r), not_run.get(r)) for r, m in enumerate(records, start=1)]
     present = [m for m in records if m is not None]
     bad = next((line for line in lines if line["status"] != "ok"), None)
     combined: dict[str, Any] = dict(present[0]) if present else {}
@@ -132,17 +141,28 @@ def combine_rounds(records: list[dict[str, Any] | None], *, crashed: dict[int, s
 
 
 def write_combined(
-    records: SweepRecords, tags: Iterable[str], *, repeats: int, crashed: dict[tuple[str, int], str]
+    records: SweepRecords,
+    tags: Iterable[str],
+    *,
+    repeats: int,
+    crashed: dict[tuple[str, int], str],
+    not_run: dict[tuple[str, int], str] | None = None,
 ) -> None:
     """(Re)write ``<tag>/metrics.json`` of each job from its rounds 1..repeats (as ``records``, the
     sweep's records this command read, holds them; it then holds the combined one too); unchanged
-    records are left alone (their mtime says when the job last changed)."""
+    records are left alone (their mtime says when the job last changed). ``not_run``: the rounds a
+    stop of the sweep came before."""
+    not_run = not_run or {}
     for tag in tags:
         rounds = [records.metrics(tag, r) for r in range(1, repeats + 1)]
         rounds = [m if isinstance(m, dict) and m.get("tag") == tag else None for m in rounds]
         if not any(rounds):  # no round ever ran (e.g. a stop before the first): no record
             continue
-        combined = combine_rounds(rounds, crashed={r: msg for (t, r), msg in crashed.items() if t == tag})
+        combined = combine_rounds(
+            rounds,
+            crashed={r: msg for (t, r), msg in crashed.items() if t == tag},
+            not_run={r: msg for (t, r), msg in not_run.items() if t == tag},
+        )
         if records.metrics(tag) != combined:
             write_json_atomic(records.path / tag / METRICS_FILE, combined)
             records.wrote(tag, combined)

@@ -146,3 +146,16 @@ def test_bad_input_one_line_exit_2(tmp_path: Path, name: str) -> None:
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("sweepbench: error: ") and message in lines[0], run.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_attention_at_different_world_sizes_is_never_ranked_together(grid: SweepRun) -> None:
+    """Time is not work per GPU: W=1 and W=2 of one attention shape are two rankings, never one."""
+    from sweepbench.report.answer import answer_jobs
+    from sweepbench.report.load import load_sweep
+
+    jobs = load_sweep(grid.sweep_dir).jobs
+    assert {j["world_size"] for j in jobs if j.get("status") == "ok"} == {1, 2}
+    (answer,) = [a for a in answer_jobs(jobs) if a.benchmark == "attention"]
+    assert answer.layout.x is not None and "world_size" in answer.layout.x.keys
+    for r in answer.rankings:
+        assert len({e.job["world_size"] for e in r.entries}) == 1, (r.group, [e.label for e in r.entries])

@@ -133,25 +133,29 @@ def train_layouts(tmp_path_factory: pytest.TempPathFactory) -> SweepRun:
     return run
 
 
-def test_train_is_ranked_per_world_size_by_tokens_per_gpu(train_layouts: SweepRun) -> None:
+def test_train_layouts_of_every_world_size_are_ranked_by_tokens_per_gpu(
+    train_layouts: SweepRun, capsys: pytest.CaptureFixture[str]
+) -> None:
     from sweepbench.report.answer import answer_jobs
     from sweepbench.report.load import load_sweep
+    from sweepbench.sweep.report import print_answer
 
     (answer,) = answer_jobs(load_sweep(train_layouts.sweep_dir).jobs)
-    groups = {r.group: r for r in answer.rankings}
-    assert set(groups) == {"world size=1", "world size=2"}, list(groups)
-    assert [e.label for e in groups["world size=1"].entries] == ["tp1"]
-    pair = groups["world size=2"]
-    assert sorted(e.label for e in pair.entries) == ["dp2", "tp2"]
+    (ranking,) = answer.rankings  # one ranking: tp1 (one GPU) beside dp2 and tp2, per GPU
+    assert sorted(e.label for e in ranking.entries) == ["dp2", "tp1", "tp2"]
     rates = {}
-    for e in pair.entries:
+    for e in ranking.entries:
         case = e.job["results"]["cases"][0]
         assert e.unit == "tokens" and e.shown().endswith("tokens/s per GPU")
         rates[e.label] = case["tokens_per_step"] / e.job["world_size"] / case["median_s"]
         assert 1 / e.median_s == pytest.approx(rates[e.label])
-    assert pair.entries[0].label == max(rates, key=rates.get)  # the winner has the most tokens/s per GPU
-    tokens = {e.label: e.job["results"]["cases"][0]["tokens_per_step"] for e in pair.entries}
+    assert ranking.entries[0].label == max(rates, key=rates.get)  # the winner has the most tokens/s per GPU
+    tokens = {e.label: e.job["results"]["cases"][0]["tokens_per_step"] for e in ranking.entries}
     assert tokens["dp2"] == 2 * tokens["tp2"]  # why step time alone would mislead
+    capsys.readouterr()  # the sweep's closing lines, as a pipe gets them, name the fastest layout
+    print_answer(train_layouts.sweep_dir, console=Console(file=io.StringIO(), width=100))
+    out = capsys.readouterr().out
+    assert f"fastest train (ranked: parallelism):\n  all: {ranking.entries[0].label} " in out, out
 
 
 def test_too_few_rounds_is_undecided_and_not_a_pass(tmp_path_factory: pytest.TempPathFactory) -> None:
