@@ -5,9 +5,9 @@ torchtitan's float8 converter does; the output projection stays in bf16 (its log
     tensorwise  one scale per tensor; under FSDP2 the weights are all-gathered in float8, their
                 scales computed for all weights at once after each optimizer step
     rowwise     one scale per row (more accurate, slower matmuls); weights all-gathered in bf16;
-                compiled with inductor's casts rounded as eager rounds them (without that, the
-                recomputed RMSNorm of a compiled step drifts from the saved one and the loss goes
-                NaN within a few steps, as torchtitan found)
+                compiled with inductor's casts rounded as eager rounds them (torchtitan's fix for
+                the NaN loss of compiled rowwise with RMSNorm; ours went NaN at its third step
+                without it)
 
 torchao is an optional dependency (``pip install -e ".[fp8]"``); float8 matmuls need a GPU of
 compute capability 8.9 or newer (the plan refuses fp8 elsewhere before any rank starts)."""
