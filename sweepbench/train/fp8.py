@@ -15,7 +15,6 @@ compute capability 8.9 or newer (the plan refuses fp8 elsewhere before any rank 
 from __future__ import annotations
 
 import torch
-import torch._inductor.config
 from torch import nn
 
 FP8_MIN_CAPABILITY = (8, 9)
@@ -31,14 +30,23 @@ def _converts(module: nn.Module, fqn: str) -> bool:
     return True
 
 
-# inductor's setting as this process started, restored for every job that is not fp8 rowwise
-_EAGER_CASTS_DEFAULT = bool(torch._inductor.config.emulate_precision_casts)
+# inductor's setting before this process first changed it (None: never changed), restored for
+# every later job that is not fp8 rowwise
+_eager_casts_default: bool | None = None
 
 
 def set_inductor_casts(*, fp8_recipe: str | None) -> None:
     """Make inductor round its casts as eager does for fp8 rowwise, and leave it at its default for
-    every other job (ranks kept between jobs would otherwise carry one job's setting into the next)."""
-    torch._inductor.config.emulate_precision_casts = fp8_recipe == "rowwise" or _EAGER_CASTS_DEFAULT
+    every other job (ranks kept between jobs would otherwise carry one job's setting into the next).
+    A process that never ran fp8 rowwise does not import inductor here (about 0.8 s a job)."""
+    global _eager_casts_default
+    if fp8_recipe != "rowwise" and _eager_casts_default is None:
+        return  # never changed: nothing to restore
+    import torch._inductor.config as inductor
+
+    if _eager_casts_default is None:
+        _eager_casts_default = bool(inductor.emulate_precision_casts)
+    inductor.emulate_precision_casts = fp8_recipe == "rowwise" or _eager_casts_default
 
 
 def scales_precomputed(*, recipe: str, fsdp: bool) -> bool:
