@@ -12,12 +12,8 @@ receiver's process launches on the sender's GPU, where it time-slices against th
 kernels (its NCCL barrier spinning among them). Each run is framed by two stream-ordered barriers (a one-element NCCL all-reduce):
 the first makes the senders' shards ready before any peer reads them, the second keeps a sender
 from changing its shards (or freeing them) while a peer still reads, and makes the refit end
-when the last destination has its weights. Packing overlaps the pulls: a sender packs on a
-stream of its own, followed by a third barrier that says every export buffer is written; a
-receiver pulls every contiguous region first (after the first barrier) and the packed ones after
-the third, so the packing hides behind the contiguous pulls instead of preceding all of them.
-Pulls from different peers go on separate streams, so the copy engines of several links work at
-once.
+when the last destination has its weights. Pulls from different peers go on separate streams,
+so the copy engines of several links work at once.
 
 Needs CUDA tensors, an NCCL default group and the same source shard tensors (same addresses)
 on every run; on CPU/gloo it is a RuntimeError (and benchmark validation refuses it earlier,
@@ -73,8 +69,6 @@ class IpcPull(SendRecv):
         self.scatter = torch.cuda.Stream(device=self.device)
         self.staging: dict[Route, torch.Tensor] = {}
         self.packed: dict[int, torch.Tensor] = {}  # route index -> my contiguous copy of a strided region
-        self.pack_stream = torch.cuda.Stream(device=self.device)
-        self.anyone_packs = False  # whether any rank packs (then every rank calls the packed barrier)
         self.flag = torch.zeros(1, device=self.device)
         self.peers: dict[int, dict[str, torch.Tensor]] | None = None
         self.source_ptrs: dict[str, int] = {}
@@ -92,9 +86,6 @@ class IpcPull(SendRecv):
             else:
                 mine[f"#{i}"] = self.packed[i] = torch.empty(r.shape, dtype=region.dtype, device=self.device)
         self.peers = cuda_ipc.exchange(mine, wanted_from=set(self.pulls))
-        packs: list[object] = [None] * dist.get_world_size(self.group)
-        dist.all_gather_object(packs, bool(self.packed), group=self.group)
-        self.anyone_packs = any(bool(p) for p in packs)
         self.source_ptrs = {name: t.data_ptr() for name, t in mine.items() if not name.startswith("#")}
         for src, routes in self.pulls.items():
             self.pull_src[src] = torch.cuda.Stream(device=next(iter(self.peers[src].values())).device)
@@ -103,14 +94,11 @@ class IpcPull(SendRecv):
                     self.staging[r] = torch.empty(r.shape, dtype=dst_shards[r.param].dtype, device=self.device)
 
     def _pack(self, src_shards: Shards) -> None:
-        """My strided regions into their export buffers, on the packing stream (after this rank's
-        shards are ready), then the packed barrier on the same stream: a peer pulls a packed
-        region only after it, so only once every export buffer is written."""
-        self.pack_stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.pack_stream):
-            for i, buf in self.packed.items():
-                r = self.exported[i]
-                buf.copy_(src_shards[r.param][box_slices(r.src_box)])
+        """My strided regions into their export buffers, on this rank's stream (before the
+        first barrier, so a peer reads them only once they are written)."""
+        for i, buf in self.packed.items():
+            r = self.exported[i]
+            buf.copy_(src_shards[r.param][box_slices(r.src_box)])
 
     def _barrier(self) -> None:
         dist.all_reduce(self.flag, group=self.group)
@@ -125,23 +113,14 @@ class IpcPull(SendRecv):
             )
         assert self.peers is not None
         self._pack(src_shards)
-        self._barrier()  # every rank's shards are ready: contiguous regions may be pulled
-        if self.anyone_packs:
-            with torch.cuda.stream(self.pack_stream):
-                self._barrier()  # every export buffer is written: packed regions may be pulled
+        self._barrier()
         ready = torch.cuda.current_stream(self.device)
         self.scatter.wait_stream(ready)
         for src, routes in self.pulls.items():
             views, dst_stream = self.peers[src], self.pull_dst[src]
             dst_stream.wait_stream(ready)
-            # contiguous regions first; the packed ones wait for the packed barrier
-            ordered = sorted(routes, key=lambda ir: f"#{ir[0]}" in views)
             with torch.cuda.stream(dst_stream), torch.cuda.stream(self.pull_src[src]):
-                waited = False
-                for i, r in ordered:
-                    if f"#{i}" in views and not waited:
-                        dst_stream.wait_stream(self.pack_stream)
-                        waited = True
+                for i, r in routes:
                     target = dst_shards[r.param][box_slices(r.dst_box(self.rank))]
                     staged = self.staging.get(r)
                     packed = views.get(f"#{i}")
@@ -152,7 +131,7 @@ class IpcPull(SendRecv):
                         with torch.cuda.stream(self.scatter):
                             target.copy_(staged)
         super().run(src_shards, dst_shards)  # cross-node buckets over NCCL, and the local copies
-        for stream in (*self.pull_dst.values(), self.scatter, self.pack_stream):
+        for stream in (*self.pull_dst.values(), self.scatter):
             ready.wait_stream(stream)
         self._barrier()
 
