@@ -165,6 +165,7 @@ class HFTrainer:
                 bucket_cap_mb=100,
             )
         self.model = model
+        self.parts = [model]  # what verification reads the gradient of, as of every implementation
         params = [p for p in model.parameters() if p.requires_grad]
         self.num_trainable = sum(p.numel() for p in params)
         self.optimizer = torch.optim.AdamW(

@@ -2,7 +2,8 @@
 them the same way (``benchmark.impl=ours,hf,torchtitan``).
 
 An implementation is a class built as ``cls(shape, plan, opts, *, device, mesh, positions,
-attn_fn)`` with ``step(inputs, targets) -> loss``, ``holds_loss`` and ``num_trainable``, registered
+attn_fn)`` with ``step(inputs, targets) -> loss``, ``holds_loss``, ``num_trainable`` and ``parts``
+(the modules this rank trains, whose gradients verification reads after the first step), registered
 under a name. Importable without torch: names are declared with the module that registers them;
 an optional peer names the modules it needs and the install command, and the layouts and recipe
 knobs it runs, so a missing extra or a combination it lacks is refused on the driver (one line,

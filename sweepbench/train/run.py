@@ -36,9 +36,11 @@ from sweepbench.train.shape import flops_per_token, shape_of
 from sweepbench.train.trainer import DTYPES, TrainOptions, build_mesh
 from sweepbench.train.verify import (
     check_learning,
+    check_grad_norm,
     check_losses,
     free_memory,
     global_losses,
+    grad_norm,
     run_reference,
     verify_depth,
 )
@@ -140,12 +142,18 @@ def run_training(job: TrainJob, *, rank: int, device: torch.device, job_dir: Pat
     depth = verify_depth(shape, plan, device=device, lora_rank=opts.lora_rank, forced=k.verify_layers)
     vshape = shape_of(job.model, num_layers=depth)
     single = plan.single_device()
-    reference = run_reference(
+    reference, reference_norm = run_reference(
         lambda: build_reference(vshape, single, opts, device=device, batches=batches), batches.full, k.verify_steps
     )
     trainer = IMPLS.get(opts.impl)(vshape, plan, opts, **layout_kw)
-    verified = global_losses([trainer.step(*batches(s)) for s in range(k.verify_steps)], holds_loss=trainer.holds_loss)
+    layout_losses, norm = [], 0.0
+    for s in range(k.verify_steps):
+        layout_losses.append(trainer.step(*batches(s)))
+        if s == 0:
+            norm = grad_norm(trainer.parts, stages=plan.num_stages, reduce=True)
+    verified = global_losses(layout_losses, holds_loss=trainer.holds_loss)
     worst = check_losses(reference, verified, precision=plan.precision)
+    norm_err = check_grad_norm(reference_norm, norm, precision=plan.precision)
     losses, step_no = list(verified), k.verify_steps
     case_done(f"{len(verified)} steps verified at {depth} layers (max rel err {worst:.2g})", total=2)
     if depth != shape.num_layers:  # verified at reduced depth: now the full model, from step 0
@@ -230,6 +238,9 @@ def run_training(job: TrainJob, *, rank: int, device: torch.device, job_dir: Pat
         "verified_losses": verified,
         "verify_layers": depth,
         "verify_max_rel_err": worst,
+        "grad_norm": norm,
+        "reference_grad_norm": reference_norm,
+        "grad_norm_rel_err": norm_err,
         "lr": opts.lr,
         "first_loss": first_loss,
         "last_loss": last_loss,

@@ -3,7 +3,11 @@
 The single-device reference (same weights, same data, same optimizer, micro-batched the same
 way) runs in the same job on every rank's own device; the layout's global loss of each of its
 first steps must match it: fp32 at a tight tolerance, bf16 at a stated one (bf16 sums in a
-different order differ in the last bits, which a few optimizer steps amplify). Where the full
+different order differ in the last bits, which a few optimizer steps amplify). So must the norm
+of the first step's whole gradient (every trainable element of every rank, each counted once):
+AdamW's first update is about lr x sign(gradient) and the learnable task is memorised in a step,
+so the later losses cannot tell a gradient scaled by a wrong factor, or missing a reduction, from
+the right one; its norm can. Where the full
 model would not fit one device, both run at reduced depth (same widths, 2 layers, or one per
 pipeline stage when there are more stages). Then the timed steps must lower the loss: the
 synthetic task is learnable and its batches nearly alike, so a layout whose loss does not go
@@ -13,10 +17,11 @@ from __future__ import annotations
 
 import ctypes
 import gc
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from sweepbench.core import VerificationError
 from sweepbench.train.plan import FIT_FRACTION, TrainPlan, reference_bytes
@@ -98,10 +103,74 @@ def check_learning(losses: list[float], *, last: int = 3) -> tuple[float, float]
     return first, end
 
 
-def run_reference(build: Callable[[], object], batches: Callable[[int], tuple], steps: int) -> list[float]:
-    """Losses of the first ``steps`` steps of the single-device reference (no communication)."""
-    trainer = build()
-    losses = [float(trainer.step(*batches(s))) for s in range(steps)]  # type: ignore[attr-defined]
+def grad_norm(parts: Sequence[nn.Module], *, stages: int, reduce: bool) -> float:
+    """The L2 norm of the gradient now held by the trainable parameters of ``parts``, over the
+    whole model: with ``reduce``, every rank of the default group calls this and each element
+    counts once. A DTensor's local shard counts once per replica set: divided by the sizes of
+    its mesh's Replicate dims and by the ranks of its stage outside its mesh (DDP's copies); a
+    Partial gradient is reduced first. A plain gradient is a copy on every rank of its stage
+    (``stages``: pipeline stages; their ranks hold disjoint parameters). Without ``reduce``
+    (the single-device reference): this process's gradients alone."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    world = dist.get_world_size() if reduce else 1
+    per_stage = world // stages
+    total = torch.zeros((), dtype=torch.float64)
+    device = None
+    for part in parts:
+        for p in part.parameters():
+            g = p.grad
+            if g is None:
+                continue
+            copies = per_stage
+            if isinstance(g, DTensor):
+                if any(isinstance(pl, Partial) for pl in g.placements):
+                    g = g.redistribute(
+                        placements=[Replicate() if isinstance(pl, Partial) else pl for pl in g.placements]
+                    )
+                mesh = g.device_mesh
+                copies = per_stage // mesh.size()
+                for dim, pl in enumerate(g.placements):
+                    if isinstance(pl, Replicate):
+                        copies *= mesh.size(dim)
+                g = g.to_local()
+            # the norm's own reduction (fp32 accumulation, no upcast copy of the gradient), squared
+            local = torch.linalg.vector_norm(g.detach(), dtype=torch.float32).double() ** 2
+            device = local.device
+            total = total.to(device) + local / copies
+    if reduce:
+        total = total.to(device or torch.device("cpu"))
+        if device is None and dist.get_backend() == "nccl":
+            total = total.cuda()
+        dist.all_reduce(total)
+    return float(total.sqrt())
+
+
+def check_grad_norm(reference: float, got: float, *, precision: str) -> float:
+    """Raise VerificationError where the first step's gradient norm differs from the reference's
+    by more than the precision's tolerance (the losses'); returns the relative error."""
+    rtol = LOSS_RTOL[precision]
+    err = abs(got - reference) / max(abs(reference), 1e-30)
+    if not err <= rtol:
+        raise VerificationError(
+            f"step 0: gradient norm {got:.6g} differs from the single-device reference's {reference:.6g} "
+            f"by {err:.2e} (tolerance {rtol:.0e} in {precision}): a gradient scaled by a wrong factor or "
+            f"missing a reduction"
+        )
+    return err
+
+
+def run_reference(
+    build: Callable[[], object], batches: Callable[[int], tuple], steps: int
+) -> tuple[list[float], float]:
+    """Losses of the first ``steps`` steps of the single-device reference (no communication), and
+    the norm of its first step's gradient."""
+    trainer: Any = build()
+    losses, norm = [], 0.0
+    for s in range(steps):
+        losses.append(float(trainer.step(*batches(s))))
+        if s == 0:
+            norm = grad_norm(trainer.parts, stages=1, reduce=False)
     del trainer
     free_memory()
-    return losses
+    return losses, norm

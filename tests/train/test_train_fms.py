@@ -37,6 +37,7 @@ def _verified(m: dict[str, Any], rel: float) -> None:
     assert len(v["layout_losses"]) == 2
     for ref, got in zip(v["reference_losses"], v["layout_losses"]):
         assert got == pytest.approx(ref, rel=rel)
+    assert v["grad_norm"] == pytest.approx(v["reference_grad_norm"], rel=rel)
     losses = m["results"]["cases"][0]["loss_per_step"]
     assert sum(losses[-3:]) / 3 < losses[0]
 

@@ -42,6 +42,9 @@ def test_layout_verifies_and_learns(layouts: SweepRun, compose: Any, layout: str
     assert len(v["reference_losses"]) == len(v["layout_losses"]) == 2
     for ref, got in zip(v["reference_losses"], v["layout_losses"]):
         assert got == pytest.approx(ref, rel=1e-4)  # fp32 on CPU: tight
+    # the first step's whole gradient, each element once across the layout's shards and copies
+    assert v["reference_grad_norm"] > 0 and v["grad_norm"] == pytest.approx(v["reference_grad_norm"], rel=1e-4)
+    assert v["grad_norm_rel_err"] <= 1e-4
     losses = m["results"]["cases"][0]["loss_per_step"]
     assert len(losses) == 2 + 1 + 3 and all(math.isfinite(x) for x in losses)
     assert sum(losses[-3:]) / 3 < 0.99 * losses[0]

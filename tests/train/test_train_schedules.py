@@ -36,6 +36,8 @@ def test_schedule_verifies_and_reports_its_bubble(schedules: SweepRun, compose: 
     assert v["layers"] == 4 and not v["reduced_depth"]
     for ref, got in zip(v["reference_losses"], v["layout_losses"]):
         assert got == pytest.approx(ref, rel=1e-4)  # fp32 on CPU
+    # every virtual stage's gradient counts once (interleaved: two stages a rank)
+    assert v["grad_norm"] == pytest.approx(v["reference_grad_norm"], rel=1e-4)
     s = m["results"]["summary"]
     assert s["grad_accum"] == 4 and s["pp_schedule"] == schedule and s["tp_sp"] is False
     planned = s["pp_bubble_schedule"]

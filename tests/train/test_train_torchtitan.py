@@ -51,6 +51,7 @@ def test_torchtitan_matches_our_reference_in_one_sweep(sweep: SweepRun, compose:
         assert len(v["layout_losses"]) == 2
         for ref, got in zip(v["reference_losses"], v["layout_losses"]):
             assert got == pytest.approx(ref, rel=1e-5)  # fp32: torchtitan's llama3 from our weights is our function
+        assert v["grad_norm"] == pytest.approx(v["reference_grad_norm"], rel=1e-5)  # and so is its gradient
         losses = m["results"]["cases"][0]["loss_per_step"]
         assert sum(losses[-3:]) / 3 < losses[0]
     assert titan["results"]["recipe"]["impl"] == "torchtitan"
