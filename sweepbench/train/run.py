@@ -150,7 +150,7 @@ def run_training(job: TrainJob, *, rank: int, device: torch.device, job_dir: Pat
     for s in range(k.verify_steps):
         layout_losses.append(trainer.step(*batches(s)))
         if s == 0:
-            norm = grad_norm(trainer.parts, stages=plan.num_stages, reduce=True)
+            norm = grad_norm(trainer.parts, pp=plan.pp, reduce=True)
     verified = global_losses(layout_losses, holds_loss=trainer.holds_loss)
     worst = check_losses(reference, verified, precision=plan.precision)
     norm_err = check_grad_norm(reference_norm, norm, precision=plan.precision)

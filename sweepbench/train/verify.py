@@ -103,18 +103,19 @@ def check_learning(losses: list[float], *, last: int = 3) -> tuple[float, float]
     return first, end
 
 
-def grad_norm(parts: Sequence[nn.Module], *, stages: int, reduce: bool) -> float:
+def grad_norm(parts: Sequence[nn.Module], *, pp: int, reduce: bool) -> float:
     """The L2 norm of the gradient now held by the trainable parameters of ``parts``, over the
     whole model: with ``reduce``, every rank of the default group calls this and each element
     counts once. A DTensor's local shard counts once per replica set: divided by the sizes of
     its mesh's Replicate dims and by the ranks of its stage outside its mesh (DDP's copies); a
     Partial gradient is reduced first. A plain gradient is a copy on every rank of its stage
-    (``stages``: pipeline stages; their ranks hold disjoint parameters). Without ``reduce``
+    (``pp``: the pipeline's ranks, each holding its own stages, the same on every rank of its
+    dp/tp/cp group; ranks of different pipeline ranks hold disjoint parameters). Without ``reduce``
     (the single-device reference): this process's gradients alone."""
     from torch.distributed.tensor import DTensor, Partial, Replicate
 
     world = dist.get_world_size() if reduce else 1
-    per_stage = world // stages
+    per_stage = world // pp  # the ranks that hold the same stages
     total = torch.zeros((), dtype=torch.float64)
     device = None
     for part in parts:
@@ -170,7 +171,7 @@ def run_reference(
     for s in range(steps):
         losses.append(float(trainer.step(*batches(s))))
         if s == 0:
-            norm = grad_norm(trainer.parts, stages=1, reduce=False)
+            norm = grad_norm(trainer.parts, pp=1, reduce=False)
     del trainer
     free_memory()
     return losses, norm

@@ -37,7 +37,7 @@ def _layout_norm(rank: int, world_size: int, layout: str, scale: float) -> tuple
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
     ref = _model()
     _loss(ref, x).backward()
-    reference = grad_norm([ref], stages=1, reduce=False)
+    reference = grad_norm([ref], pp=1, reduce=False)
 
     model = _model()
     if layout == "copies":  # DDP's result: the whole, averaged gradient on every rank
@@ -57,7 +57,7 @@ def _layout_norm(rank: int, world_size: int, layout: str, scale: float) -> tuple
     with torch.no_grad():
         for p in model.parameters():
             p.grad.mul_(scale)
-    norm = grad_norm([model], stages=1, reduce=True)
+    norm = grad_norm([model], pp=1, reduce=True)
     try:
         check_grad_norm(reference, norm, precision="fp32")
         refusal = ""
