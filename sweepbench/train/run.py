@@ -39,8 +39,8 @@ from sweepbench.train.verify import (
     check_grad_norm,
     check_losses,
     free_memory,
+    first_steps,
     global_losses,
-    grad_norm,
     run_reference,
     verify_depth,
 )
@@ -146,11 +146,7 @@ def run_training(job: TrainJob, *, rank: int, device: torch.device, job_dir: Pat
         lambda: build_reference(vshape, single, opts, device=device, batches=batches), batches.full, k.verify_steps
     )
     trainer = IMPLS.get(opts.impl)(vshape, plan, opts, **layout_kw)
-    layout_losses, norm = [], 0.0
-    for s in range(k.verify_steps):
-        layout_losses.append(trainer.step(*batches(s)))
-        if s == 0:
-            norm = grad_norm(trainer.parts, pp=plan.pp, reduce=True)
+    layout_losses, norm = first_steps(trainer, batches, k.verify_steps, pp=plan.pp, reduce=True)
     verified = global_losses(layout_losses, holds_loss=trainer.holds_loss)
     worst = check_losses(reference, verified, precision=plan.precision)
     norm_err = check_grad_norm(reference_norm, norm, precision=plan.precision)

@@ -161,17 +161,26 @@ def check_grad_norm(reference: float, got: float, *, precision: str) -> float:
     return err
 
 
+def first_steps(
+    trainer: Any, batches: Callable[[int], tuple], steps: int, *, pp: int, reduce: bool
+) -> tuple[list[torch.Tensor], float]:
+    """A trainer's losses of its first ``steps`` steps, and the norm of its first step's gradient
+    (``grad_norm``'s ``pp`` and ``reduce``), read before the next step clears it."""
+    losses, norm = [], 0.0
+    for s in range(steps):
+        losses.append(trainer.step(*batches(s)))
+        if s == 0:
+            norm = grad_norm(trainer.parts, pp=pp, reduce=reduce)
+    return losses, norm
+
+
 def run_reference(
     build: Callable[[], object], batches: Callable[[int], tuple], steps: int
 ) -> tuple[list[float], float]:
     """Losses of the first ``steps`` steps of the single-device reference (no communication), and
     the norm of its first step's gradient."""
-    trainer: Any = build()
-    losses, norm = [], 0.0
-    for s in range(steps):
-        losses.append(float(trainer.step(*batches(s))))
-        if s == 0:
-            norm = grad_norm(trainer.parts, pp=1, reduce=False)
+    trainer = build()
+    losses, norm = first_steps(trainer, batches, steps, pp=1, reduce=False)
     del trainer
     free_memory()
-    return losses, norm
+    return [float(x) for x in losses], norm
