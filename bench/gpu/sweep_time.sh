@@ -17,9 +17,10 @@
 #   train_before     the train sweep from BEFORE_TREE
 #   train_after      from AFTER_TREE (OUT/store, as the attention steps), fresh ranks
 #   train_kept       train_after with launch.keep_ranks=true
-#   attn_default_cold, attn_default_warm, train_default
+#   attn_default_cold, attn_default_warm, train_default, train_default_again
 #                    from AFTER_TREE with launch.keep_ranks left at its default (own store OUT/store_default,
-#                    emptied by attn_default_cold); EXTRA="k=v ..." adds overrides to these three
+#                    emptied by attn_default_cold; train_default_again: train_default once more, with the
+#                    Inductor cache the first left); EXTRA="k=v ..." adds overrides to these four
 # Fresh ranks: launch.keep_ranks=false (ranks of attention and train jobs on GPUs are kept by default).
 # The train steps share one Inductor cache (OUT/inductor, made by the first of them that runs).
 # Writes OUT/<step>/ (the sweep), OUT/<step>.log and one line per step to OUT/steps.txt:
@@ -67,8 +68,8 @@ for step in "$@"; do
     attn_default_cold) rm -rf "$out/store_default"
       in_tree "$after" "$step" "${attn[@]}" store.dir="$out/store_default" ${EXTRA:-} ;;
     attn_default_warm) in_tree "$after" "$step" "${attn[@]}" store.dir="$out/store_default" ${EXTRA:-} ;;
-    train_default) in_tree "$after" "$step" "${train[@]}" store.dir="$out/store_default" ${EXTRA:-} ;;
+    train_default|train_default_again) in_tree "$after" "$step" "${train[@]}" store.dir="$out/store_default" ${EXTRA:-} ;;
     *) echo "unknown step: $step (valid: attn_before attn_cold attn_warm attn_warm_kept attn_cold_kept" \
-            "train_before train_after train_kept attn_default_cold attn_default_warm train_default)" >&2; exit 2 ;;
+            "train_before train_after train_kept attn_default_cold attn_default_warm train_default train_default_again)" >&2; exit 2 ;;
   esac
 done

@@ -40,6 +40,7 @@ class AttentionCase:
     t1_prune_factor: float  # skip a backend this much slower than the best at a shorter length; 0 = time all
     t1_fault: str  # test knob: "" | exit | kill | raise | segfault, a first T1 candidate that does that
     seed: int  # of the inputs, the same on every rank
+    t1_spare: bool = False  # T1's next child started ahead for the process's next job (t1.py)
 
     @property
     def shape(self) -> Shape:

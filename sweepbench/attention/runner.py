@@ -32,7 +32,7 @@ from sweepbench.attention.placement import shard_sequence, unshard_sequence
 from sweepbench.attention.registry import get_impl
 from sweepbench.attention.scaling import make_inputs, mismatch
 from sweepbench.attention.summary import report_case
-from sweepbench.attention.t1 import T1Case, t1_and_reference, t1_local
+from sweepbench.attention.t1 import T1Case, finish_saves, t1_and_reference, t1_local, warm_spare
 from sweepbench.attention.t1_store import measured_note
 from sweepbench.core import VerificationError
 from sweepbench.measure import summarize, time_iterations
@@ -101,24 +101,18 @@ def run_case(
     timings = time_loops(run, base)
     phase_s["timing"] = time.perf_counter() - tic
     per_rank, context_entries = gather_ranks(run, timings, sent)
+    if rank == 0:
+        phase_s["t1_reference_save_wait"] = finish_saves()  # the store's copy, written while the job went on
+        if case.t1_spare and not base.reused:  # its numbers are taken: the spare child may open the device now
+            warm_spare(t1_case(case, device), _candidates(device, getattr(torch, case.dtype)))
     return report_case(
         CaseResult(case, world_size, device, schedule, base, timings, per_rank, context_entries, phase_s)
     )
 
 
-def measure_t1(
-    case: AttentionCase,
-    inputs: list[torch.Tensor],
-    *,
-    rank: int,
-    world_size: int,
-    device: torch.device,
-    store: Store | None,
-) -> tuple[Baseline, list[torch.Tensor] | None]:
-    """T1 and the reference (rank 0's; None elsewhere), measured in child processes or read from
-    the store, and T1 at the per-GPU length."""
-    dt = getattr(torch, case.dtype)
-    t1_case = T1Case(
+def t1_case(case: AttentionCase, device: torch.device) -> T1Case:
+    """What T1's child needs of ``case`` on ``device``."""
+    return T1Case(
         case.batch,
         case.heads,
         case.kv_heads,
@@ -134,26 +128,43 @@ def measure_t1(
         case.t1_iters,
         torch.get_num_threads(),
     )
+
+
+def measure_t1(
+    case: AttentionCase,
+    inputs: list[torch.Tensor],
+    *,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    store: Store | None,
+) -> tuple[Baseline, list[torch.Tensor] | None]:
+    """T1 and the reference (rank 0's; None elsewhere), measured in child processes or read from
+    the store, and T1 at the per-GPU length."""
+    dt = getattr(torch, case.dtype)
+    single = t1_case(case, device)
     t1, reference, source = t1_and_reference(
         rank,
         inputs,
-        t1_case,
+        single,
         candidates=_candidates(device, dt),
         fault=case.t1_fault,
         store=store,
         prune_factor=case.t1_prune_factor,
+        spare=case.t1_spare,
     )
     stats = t1["stats"]
     backend = min(stats, key=lambda n: stats[n]["median_s"])
     local_s = t1_local(
         rank,
-        t1_case,
+        single,
         world_size=world_size,
         backend=backend,
         candidates=_candidates(device, dt),
         fault=case.t1_fault,
         device=device,
         store=store,
+        spare=case.t1_spare,
     )
     return Baseline(t1, source, backend, local_s), reference
 

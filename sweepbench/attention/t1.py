@@ -10,7 +10,18 @@ process group of one). It reports one JSON line per event on
 stdout; after a backend fails it exits (its CUDA context may be poisoned) and the parent starts a
 fresh child for the backends left. ``fault`` (``benchmark.t1_fault``) adds a first candidate named
 ``fault`` whose probe does that to its process (exit, kill, raise, segfault): the check that a
-dying backend is survived."""
+dying backend is survived.
+
+A child's start (the interpreter, torch's import, the CUDA context, each backend's first call:
+seconds, every job) is paid ahead where ``spare`` (``benchmark.t1_spare``): as T1's first child
+starts, a spare child is started beside it, which imports while the job goes on and touches no
+device; at the job's end, after
+its numbers are taken, ``warm_spare`` has it open the device and run each backend once at a tiny
+size, and the next job of the process (a kept rank's) hands it its case. A spare that no case
+reaches within ``SPARE_WAIT_S`` of warming, or whose job found T1 in the store, exits: it never
+holds a device through another job's timing. The reference (out and gradients of T1's fastest
+backend) is computed by rank 0, which needs it on its device anyway; its copy for the store is
+written by a thread while the job goes on (``finish_saves`` waits for it at the job's end)."""
 
 from __future__ import annotations
 
@@ -19,21 +30,26 @@ import json
 import math
 import os
 import signal
+import select
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     import torch
 
-    from sweepbench.attention.t1_store import T1Entry
     from sweepbench.measure.store import Store
 
 PREFIX = "t1-probe "
 FAULT = "fault"
+SPARE_WAIT_S = 60.0  # a warmed spare that no case reaches within this leaves (its device context with it)
+WARM_TOKENS = 256  # the sequence of the spare's warm-up calls
+
+_spare: "subprocess.Popen[str] | None" = None  # this process's spare child, if any
+_saves: list[threading.Thread] = []  # references being written for the store
 
 
 @dataclass(frozen=True)
@@ -62,55 +78,121 @@ def _why_died(returncode: int) -> str:
     return f"exit code {returncode}"
 
 
+def _start_child() -> "subprocess.Popen[str]":
+    """A child that imports torch and waits for its case on stdin (its stderr joins its stdout:
+    the parent passes those lines on to its own log, that of the job the child serves)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "sweepbench.attention.t1", str(os.getpid())],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def keep_spare() -> None:
+    """Start this process's spare child if it has none (it imports now, touches no device)."""
+    global _spare
+    if _spare is None or _spare.poll() is not None:
+        _spare = _start_child()
+
+
+def warm_spare(case: T1Case, candidates: list[str], *, wait_s: float = SPARE_WAIT_S) -> None:
+    """Have the spare open ``case``'s device and run each of ``candidates`` once at a tiny size of
+    ``case``'s heads and dtype (their kernels' set-up), then wait ``wait_s`` for its case."""
+    global _spare
+    if _spare is None or _spare.poll() is not None or _spare.stdin is None:
+        return
+    try:
+        _spare.stdin.write(json.dumps({"warm": asdict(case), "candidates": candidates, "wait_s": wait_s}) + "\n")
+        _spare.stdin.flush()
+    except OSError:  # it died: the next T1 starts a fresh child
+        _spare = None
+
+
+def drop_spare() -> None:
+    """End the spare (a job that found T1 in the store: it must not hold a device through the timing)."""
+    global _spare
+    proc, _spare = _spare, None
+    if proc is None:
+        return
+    if proc.stdin:
+        try:
+            proc.stdin.close()  # it leaves at end of input
+        except OSError:
+            pass
+    try:
+        proc.wait(5.0)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout:
+        proc.stdout.close()
+
+
+def _take_child() -> tuple["subprocess.Popen[str]", bool]:
+    """The spare if one is alive (True), else a fresh child (False)."""
+    global _spare
+    proc, _spare = _spare, None
+    if proc is not None and proc.poll() is None:
+        return proc, True
+    return _start_child(), False
+
+
+def _ask(proc: "subprocess.Popen[str]", spec: str) -> str:
+    """Hand ``proc`` its case; its output until it exits."""
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(spec + "\n")
+        proc.stdin.close()
+    except OSError:  # it died before (a spare whose warm-up failed): its output says why
+        pass
+    out = proc.stdout.read()
+    proc.stdout.close()
+    proc.wait()
+    return out
+
+
 def probe_backends(
     case: T1Case,
     candidates: list[str],
     *,
     fault: str = "",
     spent: dict[str, float] | None = None,
-    reference_to: Path | None = None,
-) -> tuple[dict[str, list[float]], dict[str, str], str | None]:
-    """({backend: per-iteration seconds} of the backends that ran, {backend: why not} of the others,
-    the backend whose reference the last child wrote to ``reference_to``, if any). ``spent`` gets
-    where the children's wall time went: ``child_start`` (interpreter, imports, CUDA, inputs; every
-    child's), ``first_call_<backend>`` (each backend's probe, its first call), ``child_reference``
-    (the reference computed and written)."""
+    spare: bool = False,
+) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """({backend: per-iteration seconds} of the backends that ran, {backend: why not} of the
+    others). ``spent`` gets where the children's wall time went: ``child_start`` (from the case
+    handed over to the inputs made: interpreter, imports, CUDA, inputs; every child's; where the
+    first was a spare, ``spare_start`` is its part), ``first_call_<backend>`` (each backend's probe,
+    its first call). With ``spare`` the first child is the spare where one is alive, and a new
+    spare is started beside it."""
     todo = ([FAULT] if fault else []) + list(candidates)
     times: dict[str, list[float]] = {}
     refused: dict[str, str] = {}
     spent = {} if spent is None else spent
-    made = None
+    first = True
     while todo:
-        spec = json.dumps(
-            {
-                "case": asdict(case),
-                "backends": todo,
-                "fault": fault,
-                "parent": os.getpid(),
-                "reference_to": str(reference_to) if reference_to else None,
-            }
-        )
-        spawned = time.time()
-        proc = subprocess.run(
-            [sys.executable, "-m", "sweepbench.attention.t1"],
-            input=spec,
-            stdout=subprocess.PIPE,
-            text=True,
-            check=False,
-        )
+        spec = json.dumps({"case": asdict(case), "backends": todo, "fault": fault})
+        proc, was_spare = _take_child() if spare and first else (_start_child(), False)
+        if spare and first:
+            keep_spare()  # the next job's child imports while this one probes (on the host only)
+        first = False
+        asked = time.time()
         current: str | None = None
-        for line in proc.stdout.splitlines():
+        for line in _ask(proc, spec).splitlines():
             if not line.startswith(PREFIX):
+                print(line, file=sys.stderr, flush=True)  # the child's own output, in this job's log
                 continue
             kind, name, value = json.loads(line[len(PREFIX) :])
             if kind == "ready":  # the child's wall clock when it could start probing
-                spent["child_start"] = spent.get("child_start", 0.0) + max(value - spawned, 0.0)
+                start = max(value - asked, 0.0)
+                spent["child_start"] = spent.get("child_start", 0.0) + start
+                if was_spare:
+                    spent["spare_start"] = start
                 continue
             if kind == "first":
                 spent[f"first_call_{name}"] = value
-                continue
-            if kind == "reference":
-                made, spent["child_reference"] = name, value
                 continue
             if kind == "start":
                 current = name
@@ -124,12 +206,12 @@ def probe_backends(
         if current is not None:  # it died while running this backend
             refused[current] = f"its probe process died ({_why_died(proc.returncode)})"
             todo.remove(current)
-        elif todo and proc.returncode != 0:  # it died before trying any: nothing would go better next time
+        elif todo and proc.returncode != 0 and not was_spare:  # it died before trying any: so would the next
             refused.update({n: f"the probe process failed ({_why_died(proc.returncode)})" for n in todo})
             todo = []
     for name, why in refused.items():
         print(f"attention: SDPA backend {name} cannot run this case: {why}", flush=True)
-    return times, refused, made
+    return times, refused
 
 
 def t1_and_reference(
@@ -141,13 +223,15 @@ def t1_and_reference(
     fault: str,
     store: "Store | None",
     prune_factor: float = 0.0,
+    spare: bool = False,
 ) -> tuple[dict[str, Any], list["torch.Tensor"] | None, dict[str, Any]]:
     """T1 ({"stats": {backend: stats}, "refused": {backend: why}, "pruned": {backend: why},
     "times_s": {backend: samples}}, on every rank), the reference (out, dq, dk, dv) of T1's fastest
     backend (rank 0; None elsewhere) and where they came from ({"reused": whether both came from
     the store, "measured": where and when they were measured, None without a store}). A backend
     that lost clearly at a shorter length of the same shape (``t1_store.prune``, ``prune_factor``)
-    is not timed. No backend left fails the job."""
+    is not timed. No backend left fails the job. ``spare``: children as ``probe_backends``'s; a
+    spare is ended where T1 came from the store."""
     import torch
 
     from sweepbench.attention.t1_store import prune, t1_entry
@@ -155,6 +239,7 @@ def t1_and_reference(
     t1: dict[str, Any] | None = None
     reference: list[torch.Tensor] | None = None
     source: dict[str, Any] = {"reused": False, "measured": None}
+    measured: dict[str, Any] | None = None
     if rank == 0:
         device = inputs[0].device
         key = _t1_key(case, candidates, fault, device)
@@ -163,7 +248,9 @@ def t1_and_reference(
             q, k, v, _ = inputs  # the reference: out and dq shaped as q, dk and dv as k and v
             reference = entry.reference(device, like=[q, q, k, v] if case.backward else [q]) if entry and t1 else None
             reused = reference is not None
-            if not reused:
+            if reused:
+                drop_spare()
+            else:
                 with t1_entry(store, _ranking_key(key)) as ranking:
                     pruned = prune(
                         ranking.value("lengths") if ranking else None,
@@ -171,14 +258,17 @@ def t1_and_reference(
                         candidates=candidates,
                         factor=prune_factor,
                     )
+                measured = store.stamp() if store else None
                 t1, reference = _measure(
                     inputs,
                     case,
                     candidates=[c for c in candidates if c not in pruned],
                     fault=fault,
-                    entry=entry,
                     pruned=pruned,
+                    spare=spare,
                 )
+                if store and reference is not None:
+                    _save_later(store, key, t1, reference, measured, t1["phase_s"])
                 if ranking is not None:
                     with t1_entry(store, _ranking_key(key)) as ranking:
                         assert ranking is not None  # the store that gave it the first time
@@ -189,7 +279,7 @@ def t1_and_reference(
                             **{b: {"pruned": why} for b, why in t1["pruned"].items()},
                         }  # stays out further on
                         ranking.put("lengths", lengths)
-            source = {"reused": reused, "measured": entry.measured if entry else None}
+            source = {"reused": reused, "measured": entry.measured if reused and entry else measured}
     box = [(t1, source)]
     torch.distributed.broadcast_object_list(box, src=0)
     t1, source = box[0]
@@ -229,6 +319,7 @@ def t1_local(
     fault: str,
     device: "torch.device",
     store: "Store | None",
+    spare: bool = False,
 ) -> float | None:
     """T1 at the per-GPU length (median seconds of one device at ``seq_len // world_size`` with
     ``backend``; on every rank), the base of ``efficiency_local``: from the store where a job
@@ -254,7 +345,7 @@ def t1_local(
                 value = entry.value("t1_local_s") if entry else None
                 box = [float(value) if isinstance(value, (int, float)) else None]
                 if box[0] is None:
-                    times, _, _ = probe_backends(local, [backend])
+                    times, _ = probe_backends(local, [backend], spare=spare)
                     box = [summarize(times[backend])["median_s"] if backend in times else None]
                     if entry and box[0] is not None:
                         entry.put("t1_local_s", box[0])
@@ -268,13 +359,11 @@ def _measure(
     *,
     candidates: list[str],
     fault: str,
-    entry: "T1Entry | None",
     pruned: dict[str, str],
+    spare: bool,
 ) -> tuple[dict[str, Any], list["torch.Tensor"] | None]:
-    """T1 measured in children and the reference of its fastest backend. With a store entry the
-    last child, where that backend has just run, computes the reference and writes it for the entry
-    (read back here); otherwise, or if the child's backend is not the fastest, rank 0 computes it
-    (its first call of that backend at the whole sequence: seconds with cuDNN) and stores it."""
+    """T1 measured in children and the reference of its fastest backend, computed here (rank 0's
+    device holds it for the verification)."""
     import torch
 
     from sweepbench.attention.dilated import Branch
@@ -282,51 +371,76 @@ def _measure(
 
     device = inputs[0].device
     spent: dict[str, float] = {}
-    tmp = entry.reference_tmp() if entry else None
-    try:
-        tic = time.perf_counter()
-        times, refused, made = probe_backends(case, candidates, fault=fault, spent=spent, reference_to=tmp)
-        if not times and pruned:  # those left refused this length: the pruned ones may still run it
-            times, more, made = probe_backends(case, list(pruned), spent=spent, reference_to=tmp)
-            refused, pruned = {**refused, **more}, {}
-        spent["children"] = time.perf_counter() - tic
-        t1 = {
-            "stats": {n: summarize(t) for n, t in times.items()},
-            "refused": refused,
-            "pruned": pruned,
-            "times_s": times,
-            "phase_s": spent,
-        }
-        if not times:
-            return t1, None
-        best = min(times, key=lambda n: t1["stats"][n]["median_s"])
-        if entry and tmp and made == best:  # the child's: stored, then read back as a later job would
-            tic = time.perf_counter()
-            entry.commit(t1, tmp)
-            tmp = None
-            reference = entry.reference(device)
-            spent["reference_load"] = time.perf_counter() - tic
-            if reference is not None:
-                return t1, reference
-        tic = time.perf_counter()
-        reference = _fwd_bwd(
-            [x.detach().clone().requires_grad_() for x in inputs[:3]],
-            inputs[3],
-            backend=best,
-            case=case,
-            branches=tuple(Branch(s, r) for s, r in case.branches),
-        )
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        spent["reference"] = time.perf_counter() - tic
-        if entry:
-            tic = time.perf_counter()
-            entry.save(t1, reference)
-            spent["reference_save"] = time.perf_counter() - tic
-        return t1, reference
-    finally:
-        if tmp:
-            tmp.unlink(missing_ok=True)
+    tic = time.perf_counter()
+    times, refused = probe_backends(case, candidates, fault=fault, spent=spent, spare=spare)
+    if not times and pruned:  # those left refused this length: the pruned ones may still run it
+        times, more = probe_backends(case, list(pruned), spent=spent, spare=spare)
+        refused, pruned = {**refused, **more}, {}
+    spent["children"] = time.perf_counter() - tic
+    t1 = {
+        "stats": {n: summarize(t) for n, t in times.items()},
+        "refused": refused,
+        "pruned": pruned,
+        "times_s": times,
+        "phase_s": spent,
+    }
+    if not times:
+        return t1, None
+    best = min(times, key=lambda n: t1["stats"][n]["median_s"])
+    tic = time.perf_counter()
+    reference = _fwd_bwd(
+        [x.detach().clone().requires_grad_() for x in inputs[:3]],
+        inputs[3],
+        backend=best,
+        case=case,
+        branches=tuple(Branch(s, r) for s, r in case.branches),
+    )
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    spent["reference"] = time.perf_counter() - tic
+    return t1, reference
+
+
+def _save_later(
+    store: "Store",
+    key: dict[str, Any],
+    t1: dict[str, Any],
+    reference: list["torch.Tensor"],
+    measured: dict[str, Any] | None,
+    spent: dict[str, float],
+) -> None:
+    """The reference copied to the host now (``spent["reference_copy"]``: before the job's timing,
+    which it would otherwise share the device's memory with) and written for the store, with T1,
+    by a thread while the job goes on; ``finish_saves`` waits for it."""
+    from sweepbench.attention.t1_store import t1_entry
+
+    tic = time.perf_counter()
+    host = [x.detach().cpu() for x in reference]
+    spent["reference_copy"] = time.perf_counter() - tic
+    stored = dict(t1, phase_s=dict(spent))
+
+    def write() -> None:
+        try:
+            with t1_entry(store, key) as entry:
+                assert entry is not None  # a store was given
+                entry.save(stored, host, measured=measured)
+        except Exception as err:  # noqa: BLE001 - a full disk, a store gone: the job's numbers stand, a later job measures again
+            print(
+                f"sweepbench: T1's reference not stored ({type(err).__name__}: {err}); a later job measures it again",
+                flush=True,
+            )
+
+    thread = threading.Thread(target=write, name="t1-reference-save", daemon=True)
+    thread.start()
+    _saves.append(thread)
+
+
+def finish_saves() -> float:
+    """Wait for the references being written for the store; the seconds waited."""
+    tic = time.perf_counter()
+    while _saves:
+        _saves.pop(0).join()
+    return time.perf_counter() - tic
 
 
 def _fwd_bwd(
@@ -369,14 +483,74 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def _read_line(timeout: float | None) -> str | None:
+    """A line of stdin ("" at its end), or None when none came within ``timeout`` seconds."""
+    data = b""
+    while not data.endswith(b"\n"):
+        if timeout is not None and not select.select([0], [], [], timeout)[0]:
+            return None
+        chunk = os.read(0, 1)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode()
+
+
+def _warm(spec: dict[str, Any], candidates: list[str]) -> None:
+    """Open the device and run each backend once at ``WARM_TOKENS`` tokens of the case's heads and
+    dtype: what a child's first calls cost, paid before its case comes."""
+    import torch
+
+    from sweepbench.attention.scaling import Shape, make_inputs
+
+    c = replace(T1Case(**spec), seq_len=WARM_TOKENS, pattern="dense", branches=[])
+    device = torch.device(c.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    q, k, v, dout = make_inputs(
+        Shape(c.batch, c.heads, c.kv_heads, c.seq_len, c.head_dim), dtype=getattr(torch, c.dtype), device=device, seed=0
+    )
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    for name in candidates:
+        _fwd_bwd(leaves, dout, backend=name, case=c, branches=())
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        del q, k, v, dout, leaves
+        torch.cuda.empty_cache()
+
+
+def _serve(parent: int) -> None:
+    """A child: imports, then reads its case from stdin (a spare may first be told to warm up)."""
+    _die_with_parent(parent)
+    import torch  # noqa: F401 - the import a spare pays ahead
+    import torch.distributed  # noqa: F401
+
+    import sweepbench.attention.scaling  # noqa: F401
+    import sweepbench.measure  # noqa: F401
+
+    timeout = None
+    while True:
+        line = _read_line(timeout)
+        if not line:  # end of input (the spare was dropped), or no case within SPARE_WAIT_S of warming
+            return
+        msg = json.loads(line)
+        if "warm" not in msg:
+            _child(msg)
+            return
+        try:
+            _warm(msg["warm"], msg["candidates"])
+        except Exception:  # noqa: BLE001 - a backend that fails even at a tiny size: a fresh child tries it with its case
+            os._exit(1)
+        timeout = float(msg["wait_s"])
+
+
 def _child(spec: dict[str, Any]) -> None:
-    _die_with_parent(spec["parent"])
     import torch
     import torch.distributed as dist
 
     from sweepbench.attention.dilated import Branch
     from sweepbench.attention.scaling import Shape, make_inputs
-    from sweepbench.measure import summarize, time_iterations
+    from sweepbench.measure import time_iterations
 
     c = T1Case(**spec["case"])
     torch.set_num_threads(c.num_threads)
@@ -395,7 +569,6 @@ def _child(spec: dict[str, Any]) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     _say("ready", "", time.time())
-    timed: dict[str, float] = {}  # backend -> median seconds, of those this child timed
     for name in spec["backends"]:
         _say("start", name, None)
 
@@ -416,16 +589,8 @@ def _child(spec: dict[str, Any]) -> None:
             _say("refused", name, str(err).splitlines()[0][:200] if str(err) else type(err).__name__)
             return  # a failed CUDA call may have poisoned the context: a fresh child tries the rest
         _say("ok", name, times)
-        timed[name] = summarize(times)["median_s"]  # as the parent ranks them
-    if spec.get("reference_to") and timed:  # the reference of this child's fastest backend, while it is warm
-        best = min(timed, key=timed.__getitem__)
-        tic = time.perf_counter()
-        got = _fwd_bwd(leaves, dout, backend=best, case=c, branches=branches)
-        with open(spec["reference_to"], "wb") as f:
-            torch.save([x.cpu() for x in got], f)
-        _say("reference", best, time.perf_counter() - tic)
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    _child(json.loads(sys.stdin.read()))
+    _serve(int(sys.argv[1]))

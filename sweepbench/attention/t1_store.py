@@ -139,24 +139,25 @@ class T1Entry:
             return None
         return ref
 
-    def reference_tmp(self) -> Path:
-        """A fresh temporary in the entry's folder for the reference (``commit`` makes it the
-        entry's; the writer, this process or T1's child, streams it there)."""
-        return self.entry.temp_file(REFERENCE)
+    def save(
+        self, t1: dict[str, Any], reference: list[torch.Tensor], *, measured: dict[str, Any] | None = None
+    ) -> None:
+        """T1 and the reference (written to a temporary, renamed into place, then entry.json), said
+        to be ``measured`` then and there (default: now, here)."""
+        import torch.utils.serialization as serialization
 
-    def commit(self, t1: dict[str, Any], tmp: Path) -> None:
-        """The written temporary becomes the entry's reference.pt, then entry.json holds T1."""
-        self.entry.put({"t1": t1}, files={REFERENCE: tmp})
-
-    def save(self, t1: dict[str, Any], reference: list[torch.Tensor]) -> None:
-        tmp = self.reference_tmp()
+        tmp = self.entry.temp_file(REFERENCE)
+        crc = serialization.config.save.compute_crc32
         try:
+            serialization.config.save.compute_crc32 = False  # torch.load does not read it; GiBs cost seconds
             with open(tmp, "wb") as f:
                 torch.save([x.detach().cpu() for x in reference], f)
-            self.commit(t1, tmp)
+            self.entry.put({"t1": t1}, files={REFERENCE: tmp}, measured=measured)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+        finally:
+            serialization.config.save.compute_crc32 = crc
 
 
 def prune(lengths: dict[str, Any] | None, *, seq_len: int, candidates: list[str], factor: float) -> dict[str, str]:

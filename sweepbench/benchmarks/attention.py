@@ -13,7 +13,7 @@ is read after a reset. At W=1, where the impl runs T1's kernel, fwd+bwd is T1's 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 from omegaconf import DictConfig
 
@@ -50,11 +50,15 @@ class AttentionConfig(BenchmarkConfig):
     t1_prune_factor: float = 1.5
     # test knob: exit | kill | raise | segfault: a first T1 candidate "fault" whose probe process does that
     t1_fault: str = ""
+    # T1's child for a kept rank's next job started ahead (its imports while this job runs, its device
+    # and first calls after this job's numbers are taken): true | false | null (on GPUs)
+    t1_spare: Optional[bool] = None
     seed: int = 0
 
 
-def build_case(cfg: DictConfig) -> AttentionCase:
-    """The attention engine's config of this job: the benchmark's knobs and the model's shape."""
+def build_case(cfg: DictConfig, *, on_gpu: bool = False) -> AttentionCase:
+    """The attention engine's config of this job (its ranks ``on_gpu`` or not): the benchmark's
+    knobs and the model's shape."""
     b, m = cfg.benchmark, cfg.model
     return AttentionCase(
         batch=int(b.batch_size),
@@ -76,6 +80,7 @@ def build_case(cfg: DictConfig) -> AttentionCase:
         t1_iters=int(b.t1_iters),
         t1_prune_factor=float(b.t1_prune_factor),
         t1_fault=str(b.t1_fault),
+        t1_spare=on_gpu if b.t1_spare is None else bool(b.t1_spare),
         seed=int(b.seed),
     )
 
@@ -245,7 +250,11 @@ class AttentionBenchmark(Benchmark):
         settings = StoreSettings(dir=st.dir, enabled=st.enabled, refresh=st.refresh, max_mb=st.max_mb)
         store = Store.of_job(settings, ctx.job_dir) if ctx.rank == 0 else None
         case, summary = run_case(
-            build_case(ctx.cfg), rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, store=store
+            build_case(ctx.cfg, on_gpu=ctx.device.type == "cuda"),
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            device=ctx.device,
+            store=store,
         )
         return BenchmarkResult(
             cases=[case], summary=summary, verified=case["verified"], extra={"flop_count": case["flop_count_note"]}

@@ -112,6 +112,10 @@ class Store:
             root, refresh=settings.refresh, max_mb=settings.max_mb, run=sweep_run(job_dir), job=str(job_dir or "")
         )
 
+    def stamp(self) -> dict[str, Any]:
+        """Where and when a value is measured, now: {"at", "host", "job", "store"}."""
+        return {"at": _now(), **self.origin}
+
     @contextmanager
     def entry(self, kind: str, key: dict[str, Any]) -> Iterator["Entry"]:
         """The key's entry, held for this process alone until the block ends."""
@@ -226,14 +230,16 @@ class Entry:
         os.close(fd)
         return Path(tmp)
 
-    def put(self, values: dict[str, Any], *, files: dict[str, Path] | None = None) -> None:
+    def put(
+        self, values: dict[str, Any], *, files: dict[str, Path] | None = None, measured: dict[str, Any] | None = None
+    ) -> None:
         """Store ``values`` (replacing the entry's), with ``files`` ({name: a written temporary}):
         each renamed into place (record.atomic's pattern without its in-memory copy and fsync:
         GiBs of reference; a torn file fails to load and is measured again), then entry.json."""
         for name, tmp in (files or {}).items():
             os.chmod(tmp, 0o644)
             os.replace(tmp, self.where / name)
-        self.meta = {**values, "key": self.key, "run": self.store.run, "measured": {"at": _now(), **self.store.origin}}
+        self.meta = {**values, "key": self.key, "run": self.store.run, "measured": measured or self.store.stamp()}
         write_json_atomic(self.where / ENTRY_FILE, self.meta)
         self.store.evict(keep=self.where)
 

@@ -52,18 +52,24 @@ def test_a_reused_reference_is_what_verification_checks(worlds: Any, tmp_path: P
 
 
 def test_t1_probe_survives_a_dying_backend(tmp_path: Path) -> None:
+    """Both jobs in one kept rank with a spare child: the second job's first child is the spare
+    the first job warmed, and a backend that kills or fails it is still left out, the job goes on."""
     run = run_sweepbench([*FAST, "parallelism=cp1", "benchmark.seq_len=64", "benchmark.t1_fault=kill,raise",
-                          "store.enabled=false"],  # probed every time
+                          "store.enabled=false",  # probed every time
+                          "launch.keep_ranks=true", "benchmark.t1_spare=true"],
                          sweep_dir=tmp_path / "sweep")
     assert run.rc == 0, run.describe()
-    why = {}
+    why, spared = {}, []
     for m in run.all_metrics().values():
         case = _case(m)
         assert case["t1_backend"] == "cpu_flash" and set(case["t1_backends"]) == {"cpu_flash"}
         assert set(case["t1_refused"]) == {"fault"}
         why[m["config"]["benchmark"]["t1_fault"]] = case["t1_refused"]["fault"]
+        if "t1_spare_start" in case["phase_s"]:
+            spared.append(m["rank_start"])
     assert why == {"kill": "its probe process died (killed by SIGKILL)",
                    "raise": "injected fault: benchmark.t1_fault=raise"}
+    assert spared == ["kept"]  # the second job's
 
 
 def _t1(run: Any) -> dict[str, dict[str, Any]]:
@@ -113,18 +119,19 @@ def test_t1_and_reference_measured_once_in_the_sweep_and_stored(stored: tuple[Pa
     assert set(rows["t1_measured_at"]) == {meta["measured"]["at"]}
     for case in cases.values():  # where each job's case spent its time; the reused T1 costs less
         phases = case["phase_s"]
-        # where it measured T1: the child computed the reference with the fastest backend and wrote it
-        # for the store, rank 0 read it back
+        # where it measured T1: rank 0 computed the reference with the fastest backend, copied it to the
+        # host for the store, whose file a thread wrote while the job went on (waited for at its end)
         t1_parts = {f"t1_first_call_{b}" for b in case["t1_backends"]} | {
-            "t1_child_start", "t1_children", "t1_child_reference", "t1_reference_load"}
-        assert set(phases) == {"t1_and_reference", "verify", "verify_first_run", "timing"} | (
-            set() if case["t1_reused"] else t1_parts), phases
+            "t1_child_start", "t1_children", "t1_reference", "t1_reference_copy"}
+        assert set(phases) == {"t1_and_reference", "verify", "verify_first_run", "timing",
+                               "t1_reference_save_wait"} | (set() if case["t1_reused"] else t1_parts), phases
         assert 0 < phases["verify_first_run"] <= phases["verify"]
         if not case["t1_reused"]:  # the child's start and first calls are parts of the children's time
             firsts = sum(phases[f"t1_first_call_{b}"] for b in case["t1_backends"])
             assert 0 < phases["t1_child_start"] and 0 < firsts
-            assert phases["t1_child_start"] + firsts + phases["t1_child_reference"] < phases["t1_children"]
-            assert phases["t1_children"] + phases["t1_reference_load"] <= phases["t1_and_reference"]
+            assert phases["t1_child_start"] + firsts < phases["t1_children"]
+            assert phases["t1_children"] + phases["t1_reference"] + phases["t1_reference_copy"] <= phases[
+                "t1_and_reference"]
     assert measured["phase_s"]["t1_and_reference"] > next(c for c in cases.values() if c["t1_reused"])["phase_s"][
         "t1_and_reference"]
 
@@ -185,35 +192,37 @@ def test_refresh_measures_once_per_sweep_and_replaces_and_rounds_reuse(stored: t
     assert json.loads((entry / "entry.json").read_text())["measured"] == remeasured["t1_measured"]  # replaced
 
 
-def test_the_t1_childs_reference_is_its_fastest_backends_output(tmp_path: Path) -> None:
-    """The reference a T1 child writes (for the store, in place of rank 0's recomputation)
-    is the output and gradients of the backend it timed fastest, on the seed's inputs."""
+def test_a_spare_child_is_started_ahead_warmed_and_never_left_holding(tmp_path: Path) -> None:
+    """A spare child imports ahead and serves the next probe (its start is then only the case's
+    inputs); a warmed spare that no case reaches leaves by itself, as does a dropped one."""
     import torch
 
-    from sweepbench.attention.dilated import Branch
+    from sweepbench.attention import t1
     from sweepbench.attention.ops import backends_for
-    from sweepbench.attention.scaling import Shape, make_inputs, single_device
-    from sweepbench.attention.t1 import T1Case, probe_backends
-    from sweepbench.measure import summarize
 
-    case = T1Case(batch=1, heads=4, kv_heads=2, seq_len=128, head_dim=8, dtype="float32", device="cpu", seed=7,
-                  causal=True, backward=True, pattern="dilated", branches=[[32, 1], [64, 2]], iters=2, num_threads=1)
-    spent: dict[str, float] = {}
+    case = t1.T1Case(batch=1, heads=4, kv_heads=2, seq_len=128, head_dim=8, dtype="float32", device="cpu", seed=7,
+                     causal=True, backward=True, pattern="dense", branches=[], iters=2, num_threads=1)
     candidates = backends_for("cpu", torch.float32)
-    times, refused, made = probe_backends(case, candidates, spent=spent, reference_to=tmp_path / "ref.pt")
+    spent: dict[str, float] = {}
+    times, refused = t1.probe_backends(case, candidates, spent=spent, spare=True)
+    assert refused == {} and sorted(times) == sorted(candidates) and "spare_start" not in spent  # a fresh child
+    first = t1._spare
+    assert first is not None and first.poll() is None  # kept for the next probe
+    t1.warm_spare(case, candidates)
+    spent = {}
+    times, refused = t1.probe_backends(case, candidates, spent=spent, spare=True)
     assert refused == {} and sorted(times) == sorted(candidates)
-    assert made == min(times, key=lambda n: summarize(times[n])["median_s"])  # the child's fastest
-    assert spent["child_reference"] > 0
-    got = torch.load(tmp_path / "ref.pt", weights_only=True)
-    q, k, v, dout = make_inputs(Shape(1, 4, 2, 128, 8), dtype=torch.float32, device=torch.device("cpu"), seed=7)
-    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-    out = single_device(*leaves, backend=made, causal=True, pattern="dilated", branches=(Branch(32, 1), Branch(64, 2)))
-    out.backward(dout)
-    assert len(got) == 4
-    for g, want in zip(got, [out.detach(), *(x.grad for x in leaves)]):
-        torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-6)
-    # without a place to write it, no child computes one (rank 0 does, as for a single run)
-    assert probe_backends(case, candidates[:1])[2] is None
+    assert 0 < spent["spare_start"] == spent["child_start"]  # the warmed spare served it
+    assert first.returncode == 0 and t1._spare is not None and t1._spare.pid != first.pid
+    second = t1._spare
+    t1.warm_spare(case, candidates, wait_s=0.5)
+    assert second.wait(60) == 0  # no case came: it left, its device with it
+    spent = {}
+    t1.probe_backends(case, candidates[:1], spent=spent, spare=True)  # a dead spare: a fresh child instead
+    assert "spare_start" not in spent and t1._spare is not None
+    third = t1._spare
+    t1.drop_spare()
+    assert third.poll() == 0 and t1._spare is None
 
 
 def t1_local_from_store(rank: int, world_size: int, store_dir: str) -> float | None:
