@@ -415,7 +415,7 @@ def _save_later(
     from sweepbench.attention.t1_store import t1_entry
 
     tic = time.perf_counter()
-    host = [x.detach().cpu() for x in reference]
+    host = [_to_host(x.detach()) for x in reference]
     spent["reference_copy"] = time.perf_counter() - tic
     stored = dict(t1, phase_s=dict(spent))
 
@@ -433,6 +433,19 @@ def _save_later(
     thread = threading.Thread(target=write, name="t1-reference-save", daemon=True)
     thread.start()
     _saves.append(thread)
+
+
+def _to_host(x: "torch.Tensor") -> "torch.Tensor":
+    """``x`` on the host: into memory whose pages are first touched by torch's threads together
+    (a single copy into fresh pageable memory faults them in one by one: 1.4 GB/s measured on
+    an H200 host)."""
+    import torch
+
+    if x.device.type == "cpu":
+        return x
+    host = torch.empty(x.shape, dtype=x.dtype)
+    host.zero_()
+    return host.copy_(x)
 
 
 def finish_saves() -> float:
