@@ -26,6 +26,8 @@ sweep ends (``release_kept``)."""
 from __future__ import annotations
 
 import gc
+import importlib.abc
+import importlib.machinery
 import multiprocessing
 import os
 import subprocess
@@ -195,20 +197,52 @@ class KeptRank(ForkedRank):
         return self.code
 
 
+# torch's compiler configs: a job that compiles imports them (torch._dynamo's import alone costs
+# seconds), a job that does not never needs them put back
+COMPILER_CONFIGS = ("torch._dynamo.config", "torch._inductor.config", "torch._functorch.config")
+
+
+class _SnapshotOnImport(importlib.abc.MetaPathFinder):
+    """Takes each compiler config module's settings (``save_config``) the moment its import
+    completes, before any job's code can change them: what a fresh process would have."""
+
+    def __init__(self, saved: dict[str, Any]) -> None:
+        self.saved = saved
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name not in COMPILER_CONFIGS or name in self.saved:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        inner, saved = spec.loader, self.saved
+
+        class Loader(importlib.abc.Loader):
+            def create_module(self, spec: Any) -> Any:
+                return inner.create_module(spec)
+
+            def exec_module(self, module: Any) -> None:
+                inner.exec_module(module)
+                saved[name] = sys.modules.get(name, module).save_config()
+
+        spec.loader = Loader()
+        return spec
+
+
 class _GlobalState:
     """torch's process-wide settings that a job may change and a fresh process starts without: the
     compiler's configs (dynamo, inductor, functorch) and the backends' flags. Taken when a kept
-    rank starts; ``restore`` puts them back between its jobs."""
+    rank starts (a compiler config module not yet imported: when its import completes, by an
+    import hook, so that a rank whose jobs never compile never imports them); ``restore`` puts
+    them back between its jobs."""
 
     def __init__(self) -> None:
         import torch
-        import torch._dynamo.config
-        import torch._functorch.config
-        import torch._inductor.config
 
-        self.configs = {
-            c: c.save_config() for c in (torch._dynamo.config, torch._inductor.config, torch._functorch.config)
+        self.configs: dict[str, Any] = {
+            name: sys.modules[name].save_config() for name in COMPILER_CONFIGS if name in sys.modules
         }
+        sys.meta_path.insert(0, _SnapshotOnImport(self.configs))
         self.flags = self._flags()
         self.default_dtype = torch.get_default_dtype()
         self.matmul_precision = torch.get_float32_matmul_precision()
@@ -237,8 +271,8 @@ class _GlobalState:
 
         with warnings.catch_warnings():  # the saved configs name keys torch has deprecated
             warnings.simplefilter("ignore", FutureWarning)
-            for config, saved in self.configs.items():
-                config.load_config(saved)
+            for name, saved in self.configs.items():
+                sys.modules[name].load_config(saved)
         for (owner, key), value in self.flags.items():
             if getattr(owner, key) != value:
                 setattr(owner, key, value)
@@ -305,7 +339,10 @@ def _kept_main(conn: Any, env: dict[str, Any], log: str) -> None:
         if code != 0:
             os._exit(code)
         gc.collect()
-        torch._dynamo.reset()  # this job's compiled code goes: the next job compiles its own, as a fresh process would
+        if (
+            "torch._dynamo" in sys.modules
+        ):  # this job's compiled code goes: the next compiles its own, as a fresh process would
+            torch._dynamo.reset()
         fresh.restore()  # and no setting a job changed (async TP's inductor switch, cuDNN's flags) carries over
         if torch.cuda.is_initialized():
             torch.cuda.empty_cache()  # what this job's allocator kept goes back: the next job's peaks are its own

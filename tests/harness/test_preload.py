@@ -160,6 +160,30 @@ def test_a_kept_rank_puts_back_what_a_job_changed_in_torchs_settings() -> None:
     assert after == before
 
 
+def test_a_kept_rank_imports_no_compiler_config_and_still_puts_back_one_a_job_imported() -> None:
+    """A kept rank does not import torch's compiler configs (torch._dynamo's import costs seconds a
+    sweep); one that a job imports and changes is put back to what it was when its import
+    completed. In a fresh interpreter: this one has imported them already."""
+    import subprocess
+    import sys
+
+    script = """
+import sys, torch
+from sweepbench.launch import preload
+fresh = preload._GlobalState()
+assert "torch._dynamo" not in sys.modules and "torch._inductor.config" not in sys.modules
+import torch._inductor.config as inductor  # as a job that compiles
+before = inductor._micro_pipeline_tp
+inductor._micro_pipeline_tp = not before
+fresh.restore()
+assert inductor._micro_pipeline_tp == before
+print(sorted(fresh.configs))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "torch._inductor.config" in done.stdout
+
+
 def test_the_host_peak_is_the_jobs_own_after_a_reset() -> None:
     """A kept process reports each job's resident set peak: reset_peaks (at a job's start) puts the
     peak back to the current size, so an earlier job's larger peak does not show."""
