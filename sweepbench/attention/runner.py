@@ -87,22 +87,25 @@ def run_case(
         total=schedule.steps,
     )
 
-    tic = time.perf_counter()
-    run = ImplRun(case, schedule, inputs, rank=rank, world_size=world_size, device=device)
-    del inputs
-    got, sent = run.first_run()
-    phase_s["verify_first_run"] = time.perf_counter() - tic  # part of verify: the first fwd+bwd of this process
-    check(run, got, reference)
-    del got, reference
-    phase_s["verify"] = time.perf_counter() - tic
-    case_done(f"{case.impl} W={world_size} verified against T1", total=schedule.steps)
+    try:  # whatever ends the job (a failed check included), the store's copy of the reference is finished first
+        tic = time.perf_counter()
+        run = ImplRun(case, schedule, inputs, rank=rank, world_size=world_size, device=device)
+        del inputs
+        got, sent = run.first_run()
+        phase_s["verify_first_run"] = time.perf_counter() - tic  # part of verify: the first fwd+bwd of this process
+        check(run, got, reference)
+        del got, reference
+        phase_s["verify"] = time.perf_counter() - tic
+        case_done(f"{case.impl} W={world_size} verified against T1", total=schedule.steps)
 
-    tic = time.perf_counter()
-    timings = time_loops(run, base)
-    phase_s["timing"] = time.perf_counter() - tic
-    per_rank, context_entries = gather_ranks(run, timings, sent)
+        tic = time.perf_counter()
+        timings = time_loops(run, base)
+        phase_s["timing"] = time.perf_counter() - tic
+        per_rank, context_entries = gather_ranks(run, timings, sent)
+    finally:
+        waited = finish_saves()
     if rank == 0:
-        phase_s["t1_reference_save_wait"] = finish_saves()  # the store's copy, written while the job went on
+        phase_s["t1_reference_save_wait"] = waited  # the store's copy, written while the job went on
         if case.t1_spare and not base.reused:  # its numbers are taken: the spare child may open the device now
             warm_spare(t1_case(case, device), _candidates(device, getattr(torch, case.dtype)))
     return report_case(
