@@ -15,9 +15,9 @@ dying backend is survived.
 A child's start (the interpreter, torch's import, the CUDA context, each backend's first call:
 seconds, every job) is paid ahead where ``spare`` (``benchmark.t1_spare``): as T1's first child
 starts, a spare child is started beside it, which imports while the job goes on and touches no
-device; at the job's end, after
-its numbers are taken, ``warm_spare`` has it open the device and run each backend once at a tiny
-size, and the next job of the process (a kept rank's) hands it its case. A spare that no case
+device; at the job's end, after its numbers are taken, ``warm_spare`` has it open the device and
+run each backend once at a tiny size, and the next job of the process (a kept rank's) hands it
+its case. A spare that no case
 reaches within ``SPARE_WAIT_S`` of warming, or whose job found T1 in the store, exits: it never
 holds a device through another job's timing. The reference (out and gradients of T1's fastest
 backend) is computed by rank 0, which needs it on its device anyway; its copy for the store is
