@@ -339,9 +339,8 @@ def _kept_main(conn: Any, env: dict[str, Any], log: str) -> None:
         if code != 0:
             os._exit(code)
         gc.collect()
-        if (
-            "torch._dynamo" in sys.modules
-        ):  # this job's compiled code goes: the next compiles its own, as a fresh process would
+        # this job's compiled code goes (where it compiled): the next compiles its own, as a fresh process would
+        if "torch._dynamo" in sys.modules:
             torch._dynamo.reset()
         fresh.restore()  # and no setting a job changed (async TP's inductor switch, cuDNN's flags) carries over
         if torch.cuda.is_initialized():
