@@ -283,19 +283,23 @@ def time_loops(run: ImplRun, base: Baseline) -> Timings:
     loop = dict(warmup=c.warmup, iters=c.iters, device=device)
     holder: dict[str, torch.Tensor] = {}
 
+    # the backward loop runs one forward and keeps its graph: each timed backward runs over it
+    # again (retain_graph), where a fresh untimed forward before each one took a third of the loop
     def prepare_bwd() -> None:
-        _clear(run.leaves)
-        holder["out"] = run.forward(run.comm)
+        _clear(run.leaves)  # each backward writes fresh gradients, as after a forward
+        if "out" not in holder:
+            holder["out"] = run.forward(run.comm)
 
     def bwd_only() -> None:
-        holder.pop("out").backward(run.dout)
+        holder["out"].backward(run.dout, retain_graph=True)
 
-    if s.total_is_t1:  # the peaks then cover the fwd and bwd loops (fwd+bwd each iteration)
+    if s.total_is_t1:  # the peaks then cover the fwd and bwd loops (a forward and the backwards over it)
         reset_peaks(device)
     with run.opened():
         fwd = time_iterations(lambda: run.forward(run.comm), **loop)
     with run.opened():
         bwd = time_iterations(bwd_only, before=prepare_bwd, **loop) if c.backward else []
+        holder.clear()  # the graph the backward loop kept
     own: list[float] = []
     step = run.step(run.comm)
 

@@ -8,7 +8,7 @@ Built on the meta device; :func:`init_weights` materialises it (see ``init.py``)
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -37,9 +37,83 @@ class LoRALinear(nn.Module):
         self.scale = alpha / rank
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _fusable(x, [self]):
+            return _LoRAGroup.apply(x, (self.scale,), self.weight, self.lora_a, self.lora_b)[0]
         # one kernel adds the scaled update (add's alpha), where a multiply and an add each read and
         # wrote the whole output
         return torch.add(F.linear(x, self.weight), F.linear(F.linear(x, self.lora_a), self.lora_b), alpha=self.scale)
+
+
+def _fusable(x: torch.Tensor, layers: list[LoRALinear]) -> bool:
+    """Whether :class:`_LoRAGroup` may run these layers: plain tensors (a tensor-parallel DTensor or a
+    quantized weight goes through torch's ops), no autocast (it casts what F.linear sees), not
+    under torch.compile (Inductor fuses the unfused ops itself), the weights frozen."""
+    if torch.compiler.is_compiling() or torch.is_autocast_enabled(x.device.type) or type(x) is not torch.Tensor:
+        return False
+    return all(
+        type(t) in (torch.Tensor, nn.Parameter) and t.dtype == x.dtype
+        for m in layers
+        for t in (m.weight, m.lora_a, m.lora_b)
+    ) and not any(m.weight.requires_grad for m in layers)
+
+
+class _LoRAGroup(torch.autograd.Function):
+    """LoRA layers that read the same input (q, k and v; or one layer), with the update added inside
+    the GEMMs: forward, y_i = x W_i^T, then y_i += s_i (x A_i^T) B_i^T as one addmm into y_i
+    (cuBLAS' beta = 1); backward, dx = g_1 W_1, then every other term (g_i W_i, s_i (g_i B_i) A_i)
+    added into dx by addmm. Unfused, each layer's update was its own output plus an add kernel over
+    the whole output, and dx a sum of 2 per layer whole-size gradients by add kernels. The frozen
+    base weights get no gradient; the same arithmetic as the unfused ops, summed in another order."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, scales: tuple[float, ...], *params: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        x2 = x.reshape(-1, x.shape[-1])
+        outs, xas = [], []
+        for i, scale in enumerate(scales):
+            weight, a, b = params[3 * i : 3 * i + 3]
+            xa = x2 @ a.t()
+            outs.append(torch.mm(x2, weight.t()).addmm_(xa, b.t(), alpha=scale).view(*x.shape[:-1], -1))
+            xas.append(xa)
+        ctx.scales = scales
+        ctx.set_materialize_grads(False)  # an unused output's gradient comes as None, not zeros
+        ctx.save_for_backward(x, *xas, *params)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        x, *rest = ctx.saved_tensors
+        n = len(ctx.scales)
+        xas, params = rest[:n], rest[n:]
+        x2 = x.reshape(-1, x.shape[-1])
+        dx: torch.Tensor | None = None
+        param_grads: list[torch.Tensor | None] = []
+        for i, (scale, g) in enumerate(zip(ctx.scales, grads)):
+            weight, a, b = params[3 * i : 3 * i + 3]
+            if g is None:  # this output took no part in the loss
+                param_grads += [None, None, None]
+                continue
+            g2 = g.reshape(-1, g.shape[-1])
+            gxa = (g2 @ b).mul_(scale)  # [tokens, r]
+            grad_b = (g2.t() @ xas[i]).mul_(scale) if ctx.needs_input_grad[2 + 3 * i + 2] else None
+            grad_a = gxa.t() @ x2 if ctx.needs_input_grad[2 + 3 * i + 1] else None
+            param_grads += [None, grad_a, grad_b]
+            if ctx.needs_input_grad[0]:
+                dx = torch.mm(g2, weight) if dx is None else dx.addmm_(g2, weight)
+                dx.addmm_(gxa, a)
+        if dx is not None:
+            dx = dx.view(x.shape)
+        return (dx, None, *param_grads)
+
+
+def lora_group(x: torch.Tensor, layers: list[nn.Module]) -> list[torch.Tensor]:
+    """The layers (each reading ``x``) applied to ``x``: in one :class:`_LoRAGroup` where they are
+    all LoRA layers it can run, else one by one."""
+    if all(isinstance(m, LoRALinear) for m in layers) and _fusable(x, layers):  # type: ignore[arg-type]
+        params = [t for m in layers for t in (m.weight, m.lora_a, m.lora_b)]
+        return list(_LoRAGroup.apply(x, tuple(m.scale for m in layers), *params))
+    return [m(x) for m in layers]
 
 
 def _linear(d_in: int, d_out: int, lora_rank: int, lora_alpha: float) -> LoRALinear | nn.Linear:
@@ -86,9 +160,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         bsz, seq, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds whole heads, fewer of them
-        q = self.wq(x).view(bsz, seq, -1, self.head_dim)
-        k = self.wk(x).view(bsz, seq, -1, self.head_dim)
-        v = self.wv(x).view(bsz, seq, -1, self.head_dim)
+        q, k, v = (t.view(bsz, seq, -1, self.head_dim) for t in lora_group(x, [self.wq, self.wk, self.wv]))
         q, k = self.rope_fn(q, k, cos, sin)
         out = self.attn_fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))

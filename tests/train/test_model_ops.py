@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from sweepbench.train.model import LoRALinear, apply_rope, rope_tables
+from sweepbench.train.model import LoRALinear, apply_rope, lora_group, rope_tables
 
 
 class _Ops(TorchDispatchMode):
@@ -72,3 +72,67 @@ def test_lora_adds_its_scaled_update_in_one_op() -> None:
     torch.testing.assert_close(ga, lora.lora_a.grad)
     torch.testing.assert_close(gb, lora.lora_b.grad)
     assert ops < ref_ops, (ops, ref_ops)
+
+
+def _textbook(lora: LoRALinear, t: torch.Tensor) -> torch.Tensor:
+    return F.linear(t, lora.weight) + F.linear(F.linear(t, lora.lora_a), lora.lora_b) * lora.scale
+
+
+@pytest.mark.parametrize("used", [(0, 1, 2), (0, 2)])  # (0, 2): k's output takes no part in the loss
+def test_lora_layers_reading_one_input_add_their_updates_and_gradients_inside_the_matmuls(used: tuple) -> None:
+    """q, k and v's LoRA layers as attention runs them (one input): the same outputs and
+    gradients as the textbook formula, with no whole-size add left: each update is added by the
+    matmul that writes the output, each term of dx by the matmul that computes it."""
+    torch.manual_seed(0)
+    layers = [LoRALinear(32, out, rank=4, alpha=16.0) for out in (48, 16, 16)]
+    for m in layers:
+        with torch.no_grad():
+            for p in m.parameters():
+                p.normal_()
+    x = torch.randn(2, 8, 32)
+    grads = [torch.randn(2, 8, m.weight.shape[0]) for m in layers]
+
+    def run(fn: Callable[[torch.Tensor], list[torch.Tensor]]) -> tuple[Any, ...]:
+        for m in layers:
+            m.zero_grad(set_to_none=True)
+        leaf = x.detach().requires_grad_()
+        with _Ops() as counted:
+            outs = fn(leaf)
+            torch.autograd.backward([outs[i] for i in used], [grads[i] for i in used])
+        params = [(m.lora_a.grad, m.lora_b.grad) for m in layers]
+        return [o.detach() for o in outs], leaf.grad, params, counted.ops
+
+    outs, gx, params, ops = run(lambda t: lora_group(t, layers))  # type: ignore[arg-type]
+    ref_outs, ref_gx, ref_params, ref_ops = run(lambda t: [_textbook(m, t) for m in layers])
+    for got, want in zip(outs, ref_outs):
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(gx, ref_gx)
+    for i, ((ga, gb), (ra, rb)) in enumerate(zip(params, ref_params)):
+        if i in used:
+            torch.testing.assert_close(ga, ra)
+            torch.testing.assert_close(gb, rb)
+        else:
+            assert ga is None and gb is None and ra is None and rb is None
+    assert ops["aten.add"] == 0 and ops["aten.mul"] == 0, ops  # the unfused path's adds and scalings
+    assert ref_ops["aten.add"] > 0
+    assert sum(ops.values()) < sum(ref_ops.values()), (ops, ref_ops)
+
+
+def test_lora_layers_leave_the_input_without_a_gradient_where_it_needs_none() -> None:
+    torch.manual_seed(0)
+    layers = [LoRALinear(32, 16, rank=4, alpha=8.0) for _ in range(2)]
+    for m in layers:
+        with torch.no_grad():
+            for p in m.parameters():
+                p.normal_()
+    x = torch.randn(3, 32)  # no requires_grad: the first block's input under LoRA (embedding frozen)
+    with _Ops() as counted:
+        outs = lora_group(x, layers)  # type: ignore[arg-type]
+        sum(o.sum() for o in outs).backward()
+    refs = [_textbook(m, x) for m in layers]
+    for o, r in zip(outs, refs):
+        torch.testing.assert_close(o.detach(), r.detach())
+    for m in layers:
+        assert m.lora_a.grad is not None and m.lora_b.grad is not None and m.weight.grad is None
+    # the updates added in the forward, and no [tokens, in] product for dx in the backward
+    assert counted.ops["aten.addmm_"] == 2, counted.ops
