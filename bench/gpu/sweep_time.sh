@@ -21,6 +21,7 @@
 #                    from AFTER_TREE with launch.keep_ranks left at its default (own store OUT/store_default,
 #                    emptied by attn_default_cold; train_default_again: train_default once more, with the
 #                    Inductor cache the first left); EXTRA="k=v ..." adds overrides to these four
+#   attn_default_warm_before  attn_default_warm from BEFORE_TREE, on the store attn_default_cold left
 # Fresh ranks: launch.keep_ranks=false (ranks of attention and train jobs on GPUs are kept by default).
 # The train steps share one Inductor cache (OUT/inductor, made by the first of them that runs).
 # Writes OUT/<step>/ (the sweep), OUT/<step>.log and one line per step to OUT/steps.txt:
@@ -50,7 +51,7 @@ in_tree() {  # TREE STEP ARGS...: `python -m sweepbench -m ARGS` with TREE's cod
      hydra.sweep.dir="$out/$step") >"$out/$step.log" 2>&1
   rc=$?
   t1=$(date +%s.%N)
-  awk -v s="$step" -v r="$rc" -v a="$t0" -v b="$t1" 'BEGIN { printf "%s rc=%s wall_s=%.1f\n", s, r, b - a }' | tee -a "$out/steps.txt"
+  awk -v s="$step" -v r="$rc" -v a="$t0" -v b="$t1" 'BEGIN { printf "%s rc=%s wall_s=%.2f\n", s, r, b - a }' | tee -a "$out/steps.txt"
   grep -h "measuring fraction" "$out/$step.log" | sed "s/^/  /" | tee -a "$out/steps.txt"
 }
 
@@ -68,8 +69,10 @@ for step in "$@"; do
     attn_default_cold) rm -rf "$out/store_default"
       in_tree "$after" "$step" "${attn[@]}" store.dir="$out/store_default" ${EXTRA:-} ;;
     attn_default_warm) in_tree "$after" "$step" "${attn[@]}" store.dir="$out/store_default" ${EXTRA:-} ;;
+    attn_default_warm_before) in_tree "$before" "$step" "${attn[@]}" store.dir="$out/store_default" ${EXTRA:-} ;;
     train_default|train_default_again) in_tree "$after" "$step" "${train[@]}" store.dir="$out/store_default" ${EXTRA:-} ;;
     *) echo "unknown step: $step (valid: attn_before attn_cold attn_warm attn_warm_kept attn_cold_kept" \
-            "train_before train_after train_kept attn_default_cold attn_default_warm train_default train_default_again)" >&2; exit 2 ;;
+            "train_before train_after train_kept attn_default_cold attn_default_warm attn_default_warm_before train_default" \
+            "train_default_again)" >&2; exit 2 ;;
   esac
 done

@@ -35,7 +35,7 @@ from sweepbench.attention.summary import report_case
 from sweepbench.attention.t1 import T1Case, finish_saves, t1_and_reference, t1_local, warm_spare
 from sweepbench.attention.t1_store import measured_note
 from sweepbench.core import VerificationError
-from sweepbench.measure import summarize, time_iterations
+from sweepbench.measure import summarize, time_iterations, time_phases
 from sweepbench.measure.memory import memory_peaks, reset_peaks
 from sweepbench.measure.progress import case_done
 from sweepbench.measure.store import Store
@@ -283,23 +283,19 @@ def time_loops(run: ImplRun, base: Baseline) -> Timings:
     loop = dict(warmup=c.warmup, iters=c.iters, device=device)
     holder: dict[str, torch.Tensor] = {}
 
-    # the backward loop runs one forward and keeps its graph: each timed backward runs over it
-    # again (retain_graph), where a fresh untimed forward before each one took a third of the loop
-    def prepare_bwd() -> None:
-        _clear(run.leaves)  # each backward writes fresh gradients, as after a forward
-        if "out" not in holder:
-            holder["out"] = run.forward(run.comm)
+    def fwd_kept() -> None:  # the forward whose graph the backward then runs over
+        holder["out"] = run.forward(run.comm)
 
     def bwd_only() -> None:
-        holder["out"].backward(run.dout, retain_graph=True)
+        holder.pop("out").backward(run.dout)
 
-    if s.total_is_t1:  # the peaks then cover the fwd and bwd loops (a forward and the backwards over it)
+    if s.total_is_t1:  # the peaks then cover the fwd and bwd loops (fwd+bwd each iteration)
         reset_peaks(device)
     with run.opened():
-        fwd = time_iterations(lambda: run.forward(run.comm), **loop)
-    with run.opened():
-        bwd = time_iterations(bwd_only, before=prepare_bwd, **loop) if c.backward else []
-        holder.clear()  # the graph the backward loop kept
+        if c.backward:  # each backward after the (timed) forward that built its graph
+            fwd, bwd = time_phases([fwd_kept, bwd_only], before=lambda: _clear(run.leaves), **loop)
+        else:
+            fwd, bwd = time_iterations(lambda: run.forward(run.comm), **loop), []
     own: list[float] = []
     step = run.step(run.comm)
 
@@ -310,7 +306,7 @@ def time_loops(run: ImplRun, base: Baseline) -> Timings:
         _sync(device)
         own.append(time.perf_counter() - start)
 
-    if s.total_is_t1:  # what T1 timed (fwd+bwd of this kernel on one device); peaks over the bwd loop's fwd+bwd
+    if s.total_is_t1:  # what T1 timed (fwd+bwd of this kernel on one device); peaks over the fwd-then-bwd loop
         total = list(base.t1["times_s"][s.backend])
         own = total
         memory = memory_peaks(device)

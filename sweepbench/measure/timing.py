@@ -185,3 +185,55 @@ def _time_iterations(
     t = torch.tensor(times, dtype=torch.float64, device=device) / ops_per_sample
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()
+
+
+def time_phases(
+    steps: list[Hook], *, warmup: int, iters: int, device: torch.device, before: Hook = _nothing
+) -> list[list[float]]:
+    """Seconds of each of ``steps``, run in order within one iteration (a forward, then the
+    backward over the graph that forward built), one list per step with one value per iteration,
+    of the slowest rank (max over ranks, sample by sample).
+
+    Each step is timed as a per-step sample of :func:`time_iterations` is: it starts once every
+    rank's device is idle and every rank is there (a sync and a barrier), between events (CUDA) or
+    on the host clock. So the backward is timed after a fresh forward, as in a loop that ran an
+    untimed forward before each backward, and that forward is the timed one: one forward per
+    backward instead of a forward loop beside it. ``before`` runs before each iteration, untimed;
+    ``warmup`` iterations run every step untimed. Every rank must call this with the same
+    arguments."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(warmup):
+            before()
+            for step in steps:
+                _all_ready(device)
+                step()
+        gc.collect()
+        timed = [_slowed(s, device) if _slowdown != 1 else s for s in steps]
+        rows: list[list[float]] = []
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        for _ in range(iters):
+            before()
+            row = []
+            for step in timed:
+                _all_ready(device)
+                if device.type == "cuda":
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    step()
+                    end.record()
+                    end.synchronize()
+                    row.append(start.elapsed_time(end) / 1e3)
+                else:
+                    tic = time.perf_counter()
+                    step()
+                    row.append(time.perf_counter() - tic)
+            rows.append(row)
+    finally:
+        if was_enabled:
+            gc.enable()
+    t = torch.tensor(rows, dtype=torch.float64, device=device).reshape(iters, len(steps))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [t[:, i].tolist() for i in range(len(steps))]

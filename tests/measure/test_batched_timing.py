@@ -159,3 +159,37 @@ def test_no_rank_steps_before_every_rank_has_run_its_before_hook_warm_up_include
     assert len(slow["before_ends"]) == len(firsts)
     for ended, started in zip(slow["before_ends"], firsts):
         assert started >= ended, (started, ended)
+
+
+def phases_job(rank: int, world_size: int, iters: int, warmup: int) -> dict[str, Any]:
+    import torch
+
+    from sweepbench.measure.timing import time_phases
+
+    order: list[str] = []
+    first, second = (SLOW_S, FAST_S) if rank == 1 else (FAST_S, 3 * SLOW_S)
+
+    def step(name: str, seconds: float) -> Any:
+        def run() -> None:
+            order.append(name)
+            _spin(seconds)
+
+        return run
+
+    times = time_phases([step("fwd", first), step("bwd", second)], warmup=warmup, iters=iters,
+                        device=torch.device("cpu"), before=lambda: order.append("before"))
+    return {"times": times, "order": order}
+
+
+def test_phases_of_one_iteration_are_timed_apart_in_order_the_slowest_rank_each(world2: Any) -> None:
+    """A forward then the backward over its graph, each its own sample: every rank reports the
+    slowest rank's time of each step (rank 1's first step, rank 0's second), and each iteration
+    runs ``before`` then the steps in order, warm-up iterations included."""
+    iters, warmup = 4, 2
+    per_rank = world2.run(phases_job, iters, warmup)
+    fwd, bwd = per_rank[0]["times"]
+    assert per_rank[1]["times"] == [fwd, bwd] and len(fwd) == len(bwd) == iters
+    assert min(fwd) >= SLOW_S and statistics.median(fwd) < 2 * SLOW_S, fwd  # rank 1's, not the sum of both
+    assert min(bwd) >= 3 * SLOW_S and statistics.median(bwd) < 4 * SLOW_S, bwd  # rank 0's
+    for r in per_rank:
+        assert r["order"] == ["before", "fwd", "bwd"] * (warmup + iters)
