@@ -22,6 +22,7 @@
 #                    emptied by attn_default_cold; train_default_again: train_default once more, with the
 #                    Inductor cache the first left); EXTRA="k=v ..." adds overrides to these four
 #   attn_default_warm_before  attn_default_warm from BEFORE_TREE, on the store attn_default_cold left
+#   attn_default_warm_again   attn_default_warm once more (its own sweep folder)
 # Fresh ranks: launch.keep_ranks=false (ranks of attention and train jobs on GPUs are kept by default).
 # The train steps share one Inductor cache (OUT/inductor, made by the first of them that runs).
 # Writes OUT/<step>/ (the sweep), OUT/<step>.log and one line per step to OUT/steps.txt:
@@ -68,11 +69,11 @@ for step in "$@"; do
     train_kept) in_tree "$after" "$step" "${train[@]}" store.dir="$out/store" launch.keep_ranks=true ;;
     attn_default_cold) rm -rf "$out/store_default"
       in_tree "$after" "$step" "${attn[@]}" store.dir="$out/store_default" ${EXTRA:-} ;;
-    attn_default_warm) in_tree "$after" "$step" "${attn[@]}" store.dir="$out/store_default" ${EXTRA:-} ;;
+    attn_default_warm|attn_default_warm_again) in_tree "$after" "$step" "${attn[@]}" store.dir="$out/store_default" ${EXTRA:-} ;;
     attn_default_warm_before) in_tree "$before" "$step" "${attn[@]}" store.dir="$out/store_default" ${EXTRA:-} ;;
     train_default|train_default_again) in_tree "$after" "$step" "${train[@]}" store.dir="$out/store_default" ${EXTRA:-} ;;
     *) echo "unknown step: $step (valid: attn_before attn_cold attn_warm attn_warm_kept attn_cold_kept" \
-            "train_before train_after train_kept attn_default_cold attn_default_warm attn_default_warm_before train_default" \
-            "train_default_again)" >&2; exit 2 ;;
+            "train_before train_after train_kept attn_default_cold attn_default_warm attn_default_warm_before" \
+            "attn_default_warm_again train_default train_default_again)" >&2; exit 2 ;;
   esac
 done
