@@ -114,8 +114,8 @@ def print_unfit(jobs: list[PlannedJob]) -> None:
     skipped = [j for j in jobs if j.fit]
     if skipped:
         print(
-            f"sweepbench: skipping {len(skipped)} of {len(jobs)} jobs, they do not fit where they would run "
-            f"(sweep.on_unfit=refuse refuses the sweep instead):",
+            f"sweepbench: skipping {len(skipped)} of {len(jobs)} jobs that cannot run where they would, each "
+            f"with why (sweep.on_unfit=refuse refuses the sweep instead):",
             flush=True,
         )
         for job in skipped:
@@ -211,6 +211,8 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
         by_tag = {j.tag: j for j in jobs}
         for tag, r in todo:
             expect_planned(rounds.unit_dir(sweep_dir, tag, r), Planned(tag, by_tag[tag].world_size))
+    if runs_locally(sweeper) and todo:  # the fork server's imports overlap the first job's launch
+        preload.start_server(sweeper.config)
     restore = interrupt.install() if runs_locally(sweeper) else (lambda: None)
     progress = status.begin([status.unit_label(tag, r) for tag, r in todo])
     crashed: dict[rounds.Unit, str] = {}
@@ -283,9 +285,11 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
         )
         sys.exit(1)
     if skipped:
+        reasons = list(dict.fromkeys(skipped.values()))
+        why = reasons[0] if len(reasons) == 1 else f"{len(reasons)} reasons"
         print(
-            f"sweepbench: {len(skipped)} of {len(grid)} jobs skipped (they do not fit where they would run; "
-            f"see {sweep_dir / 'results.csv'}); every job that ran finished ok",
+            f"sweepbench: {len(skipped)} of {len(grid)} jobs skipped, they cannot run where they would "
+            f"({why}; each job's in {sweep_dir / 'results.csv'}); every job that ran finished ok",
             file=sys.stderr,
         )
         sys.exit(EXIT_SKIPPED)

@@ -197,3 +197,48 @@ def test_the_host_peak_is_the_jobs_own_after_a_reset() -> None:
     del big
     reset_peaks(torch.device("cpu"))
     assert host_peak_rss_bytes() < peak - 128 * 2**20
+
+
+def test_the_fork_server_starts_before_the_first_job_and_its_ranks_fork_from_it() -> None:
+    """``start_server`` (the driver calls it once the sweep's jobs are planned) starts the fork
+    server and returns at once, while the server imports torch; a rank started after it forks
+    from that same server. With ``launch.preload=false`` no server starts. In a fresh interpreter."""
+    import subprocess
+
+    script = """
+import os, sys, tempfile, time
+from pathlib import Path
+from omegaconf import OmegaConf
+from multiprocessing import forkserver
+from sweepbench.launch import preload
+
+def servers():
+    mine = []
+    for pid in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if pid.isdigit() and int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"forkserver" in cmd:
+            mine.append(int(pid))
+    return mine
+
+preload.start_server(OmegaConf.create({"launch": {"python": "", "preload": False}}))
+assert servers() == [] and preload._server_env is None
+tic = time.perf_counter()
+preload.start_server(OmegaConf.create({"launch": {"python": "", "preload": True}}))
+took = time.perf_counter() - tic
+started = servers()
+assert len(started) == 1 and preload._server_env == preload._env(), started
+print("returned after", took)
+assert took < 2.0, took  # it does not wait for the server's imports
+log = Path(tempfile.mkdtemp()) / "rank.log"
+rank = preload.start_rank(dict(os.environ, SWEEPBENCH_PRELOAD_PROBE="1"), log)
+rank.proc.join(120)
+assert servers() == started  # the rank came from the server started before it
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().endswith("ok"), done.stdout

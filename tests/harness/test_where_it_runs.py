@@ -137,7 +137,7 @@ def test_unfit_jobs_are_skipped_listed_first_and_exit_3(skip_sweep: tuple[SweepR
     run, _ = skip_sweep
     assert run.rc == 3, run.describe()
     out = run.stdout.splitlines()
-    head = out.index("sweepbench: skipping 2 of 6 jobs, they do not fit where they would run "
+    head = out.index("sweepbench: skipping 2 of 6 jobs that cannot run where they would, each with why "
                      "(sweep.on_unfit=refuse refuses the sweep instead):")
     first_job = next(i for i, line in enumerate(out) if re.match(r"^\[1/4\] ", line))
     listed = out[head + 1:head + 3]
@@ -147,7 +147,10 @@ def test_unfit_jobs_are_skipped_listed_first_and_exit_3(skip_sweep: tuple[SweepR
     skipped = table[table["status"] == "skipped"]
     assert (skipped["parallelism"] == "tp4").all() and (skipped["world_size"] == 4).all()
     assert skipped["error"].str.contains("at most 2 local ranks").all()
-    assert "2 of 6 jobs skipped" in run.stderr and "did not finish ok" not in run.stderr
+    assert "2 of 6 jobs skipped, they cannot run where they would (" in run.stderr, run.stderr
+    assert "did not finish ok" not in run.stderr
+    # the one reason both share, named in the last line
+    assert re.search(r"jobs skipped, they cannot run where they would \(.*at most 2 local ranks", run.stderr)
     assert not any((run.sweep_dir / tag).exists() for tag in skipped["tag"])  # nothing written for them
     from sweepbench.report.load import load_sweep
 
