@@ -15,6 +15,15 @@ def format_bytes(n: float) -> str:
     return f"{n / 1024**exp:.3g} {_BYTE_UNITS[exp]}"
 
 
+def format_number(x: float) -> str:
+    """``57991.9`` -> ``57992``, ``0.012344`` -> ``0.01234``: 4 significant digits, every digit of
+    the integer part from 1000 up (no exponent that hides them: ``5.799e+04``), an exponent only
+    beyond 1e15 or below 1e-4."""
+    if not math.isfinite(x):
+        return str(x)
+    return f"{x:.0f}" if 1000 <= abs(x) < 1e15 else f"{x:.4g}"
+
+
 def format_time(seconds: float) -> str:
     """``0.00991`` -> ``9.91 ms``: 3 significant digits in s, ms or µs."""
     if not math.isfinite(seconds):

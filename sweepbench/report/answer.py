@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from sweepbench.draw.units import format_bytes, format_time
+from sweepbench.draw.units import format_bytes, format_number, format_time
 from sweepbench.report.axes import WORLD, Axis, Layout, layout, sortable
 from sweepbench.report.cases import case_identity
 from sweepbench.report.hooks import compared, work_per_step
@@ -34,8 +34,8 @@ class Entry:
     work: float = 1.0  # units of work per iteration per GPU
 
     def shown(self) -> str:
-        """``9.91 ms``, or for a rate ``1.2e+04 tokens/s per GPU``."""
-        return f"{1 / self.median_s:.4g} {self.unit}/s per GPU" if self.unit else format_time(self.median_s)
+        """``9.91 ms``, or for a rate ``57992 tokens/s per GPU``."""
+        return f"{format_number(1 / self.median_s)} {self.unit}/s per GPU" if self.unit else format_time(self.median_s)
 
 
 @dataclass

@@ -20,6 +20,7 @@ from typing import Any, Iterable, Sequence
 from omegaconf import OmegaConf
 
 from sweepbench.draw.plotting import config_value, figure_svg
+from sweepbench.draw.units import format_number
 from sweepbench.record.atomic import write_atomic
 from sweepbench.report.answer import Answer, answer_jobs
 from sweepbench.report.hooks import compared_jobs
@@ -60,7 +61,7 @@ def fmt(value: Any) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return ""
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return format_number(value)
     return str(value)
 
 

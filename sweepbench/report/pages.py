@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sweepbench.draw.units import format_number
 from sweepbench.record import METRICS_FILE, ROUNDS_DIR
 from sweepbench.record.atomic import write_atomic
 
@@ -119,7 +120,7 @@ def _fmt(v: Any) -> str:
         return "" if v is None else str(v)
     if x == int(x) and abs(x) >= 1 and "." not in str(v):
         return str(int(x))
-    return f"{x:.0f}" if abs(x) >= 1000 else f"{x:.4g}"  # 4 significant digits, no exponent above 1000
+    return format_number(x)
 
 
 def _noise(a: dict[str, Any], b: dict[str, Any]) -> float | None:

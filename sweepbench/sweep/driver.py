@@ -286,10 +286,10 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
         sys.exit(1)
     if skipped:
         reasons = list(dict.fromkeys(skipped.values()))
-        why = reasons[0] if len(reasons) == 1 else f"{len(reasons)} reasons"
+        named = reasons[0] if len(reasons) == 1 else f"{len(reasons)} reasons"
         print(
             f"sweepbench: {len(skipped)} of {len(grid)} jobs skipped, they cannot run where they would "
-            f"({why}; each job's in {sweep_dir / 'results.csv'}); every job that ran finished ok",
+            f"({named}; each job's in {sweep_dir / 'results.csv'}); every job that ran finished ok",
             file=sys.stderr,
         )
         sys.exit(EXIT_SKIPPED)

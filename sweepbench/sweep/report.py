@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from sweepbench.draw.units import format_number
 from sweepbench.record.readback import SweepRecords, read_sweep
 
 if TYPE_CHECKING:
@@ -113,7 +114,7 @@ def _fmt(value: Any) -> str:
         return ""
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
         return str(int(value))  # a count read back from results.csv as a float (a column with blanks)
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    return format_number(value) if isinstance(value, float) else str(value)
 
 
 def _headlines(records: SweepRecords, row: dict[str, Any]) -> list[tuple[str, str]]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+from sweepbench.draw.units import format_number
 
 from ..conftest import TERMINAL, TINY, SweepRun, base_env, run_sweepbench
 
@@ -190,7 +191,7 @@ def test_piped_summary_has_every_number_whole(skip_sweep: tuple[SweepRun, SweepR
         for key, unit in (("all_reduce_busbw_gbps", f"all_reduce busbw GB/s @{size} "),
                           ("all_reduce_median_s", f"all_reduce median s @{size} ")):
             value = row[key]
-            shown = "0" if value == 0 else f"{value:.4g}"
+            shown = format_number(value)
             assert unit + shown in line, (key, line)
 
 
@@ -218,7 +219,7 @@ def test_terminal_summary_cuts_no_number_and_labels_hold(skip_sweep: tuple[Sweep
         if row["status"] != "ok":
             continue
         value = row["all_reduce_busbw_gbps"]
-        assert f"{'0' if value == 0 else format(value, '.4g')} @{_size(run, tag)}" in line, line
+        assert f"{format_number(value)} @{_size(run, tag)}" in line, line
 
 
 def test_report_labels_hold_for_their_rows(skip_sweep: tuple[SweepRun, SweepRun]) -> None:

@@ -173,3 +173,14 @@ def test_too_few_rounds_is_undecided_and_not_a_pass(tmp_path_factory: pytest.Tem
     assert proc.returncode == 4 and proc.stderr.strip().splitlines() == [
         f"sweepbench: error: undecided: no case of {len(table)} was decided: 2 rounds a side, fewer than 3 a side: "
         "sweep.repeats >= 3 (--fail-on-regression)"], proc.stderr
+
+
+def test_numbers_keep_their_integer_digits() -> None:
+    """The summary's and the pages' numbers: 4 significant digits, but never an exponent that
+    drops digits of a rate people compare (57991.9 tokens/s is 57992, not 5.799e+04)."""
+    from sweepbench.draw.units import format_number
+
+    assert format_number(57991.9026) == "57992" and format_number(4.95e4) == "49500"
+    assert format_number(999.94) == "999.9" and format_number(0.012344) == "0.01234"
+    assert format_number(0.0) == "0" and format_number(-1234.6) == "-1235"
+    assert format_number(4.9e15) == "4.9e+15" and format_number(float("nan")) == "nan"
