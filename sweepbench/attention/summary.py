@@ -71,9 +71,10 @@ def report_case(r: CaseResult) -> tuple[dict[str, Any], dict[str, Any]]:
         "accumulation_dtype": "float32",
         "rotate_method": c.rotate_method if spec.context else None,  # an option of the impl's context
         "times_s": times.total,
-        # every device-timed sample this job took for the case (the job's measuring time): the fwd and
-        # bwd samples (one loop, each backward after its timed forward), the fwd+bwd loop (not when it is T1's), the no-communication loop, and T1's
-        # samples of every backend where this job measured T1 (not when the store gave it)
+        # every device-timed sample this job took for the case (the job's measuring time): the fwd
+        # and bwd samples (one loop, each backward after its timed forward), the fwd+bwd loop (not
+        # when it is T1's), the no-communication loop, and T1's samples of every backend where this
+        # job measured T1 (not when the store gave it)
         "timed_parts_s": (parts := timed_parts(r)),
         "timed_s": sum(parts.values()),
         **stats["total"],

@@ -1,7 +1,8 @@
 """Measurement: device-event timing of the slowest rank, statistics, memory peaks.
 
-``summarize``, ``time_iterations`` and ``time_phases`` are re-exported lazily: the package also holds modules the
-driver imports before any rank starts (``store``, ``store_cli``), whose path must not import torch."""
+``summarize``, ``time_iterations`` and ``time_phases`` are re-exported lazily: the package also
+holds modules the driver imports before any rank starts (``store``, ``store_cli``), whose path must
+not import torch."""
 
 from typing import Any
 

@@ -211,7 +211,9 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
         by_tag = {j.tag: j for j in jobs}
         for tag, r in todo:
             expect_planned(rounds.unit_dir(sweep_dir, tag, r), Planned(tag, by_tag[tag].world_size))
-    if runs_locally(sweeper) and todo:  # the fork server's imports overlap the first job's launch
+    # the fork server's imports overlap the first job's launch; not where Hydra sets variables for
+    # each job (hydra.job.env_set), which the server would lack: it then starts with the first job
+    if runs_locally(sweeper) and todo and not sweeper.config.hydra.job.get("env_set"):
         preload.start_server(sweeper.config)
     restore = interrupt.install() if runs_locally(sweeper) else (lambda: None)
     progress = status.begin([status.unit_label(tag, r) for tag, r in todo])

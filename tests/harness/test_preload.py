@@ -242,3 +242,13 @@ print("ok")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip().endswith("ok"), done.stdout
+
+
+def test_ranks_fork_where_hydra_sets_each_jobs_variables(tmp_path: Path) -> None:
+    """With ``hydra.job.env_set`` the fork server is not started before the first job (it would lack
+    the job's variables, and every rank would start fresh): it starts with the first job's ranks,
+    in the job's environment, and they fork from it."""
+    run = run_sweepbench([*TINY, "parallelism=tp2", "benchmark.iters=2,3", "+hydra.job.env_set.SWEEPBENCH_PROBE=1"],
+                         sweep_dir=tmp_path / "sweep")
+    assert run.rc == 0, run.describe()
+    assert [m["rank_start"] for m in _jobs(run.sweep_dir)] == ["forked", "forked"]
