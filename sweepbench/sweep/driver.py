@@ -211,16 +211,18 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
         by_tag = {j.tag: j for j in jobs}
         for tag, r in todo:
             expect_planned(rounds.unit_dir(sweep_dir, tag, r), Planned(tag, by_tag[tag].world_size))
-    # the fork server's imports overlap the first job's launch; not where Hydra sets variables for
-    # each job (hydra.job.env_set), which the server would lack: it then starts with the first job
-    if runs_locally(sweeper) and todo and not sweeper.config.hydra.job.get("env_set"):
-        preload.start_server(sweeper.config)
     restore = interrupt.install() if runs_locally(sweeper) else (lambda: None)
     progress = status.begin([status.unit_label(tag, r) for tag, r in todo])
     crashed: dict[rounds.Unit, str] = {}
     returns: list[Any] = []
     stopped_by: int | None = None
     try:
+        # the fork server's imports overlap the first job's launch; started once the stop handlers
+        # are in place (a signal meanwhile is a stop asked for, as during a job), and not where
+        # Hydra sets variables for each job (hydra.job.env_set), which the server would lack: it
+        # then starts with the first job's ranks
+        if runs_locally(sweeper) and todo and not sweeper.config.hydra.job.get("env_set"):
+            preload.start_server(sweeper.config)
         if todo:
             returns = _launch_rounds(sweeper, jobs, todo, crashed)
         stopped_by = interrupt.requested()
