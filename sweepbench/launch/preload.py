@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 # what a rank imports before its first line of work (rank.run_rank, the benchmark registry and
 # every benchmark plugin, the environment capture): imported once, in the fork server, after the
@@ -133,8 +133,10 @@ def _server() -> Any:
 def start_server(cfg: DictConfig) -> None:
     """Start the fork server now, where this sweep's ranks will fork from it: its imports (torch's
     2-5 s) then run while the driver launches the first job, instead of after it. Nothing else
-    changes: a job whose environment or interpreter differs still starts its ranks fresh."""
-    if _server_env is not None or not usable(cfg):
+    changes: a job whose environment or interpreter differs still starts its ranks fresh. Not where
+    Hydra sets variables for each job (``hydra.job.env_set``, in ``cfg``): the server would lack
+    them and every rank would start fresh; it then starts with the first job's ranks."""
+    if _server_env is not None or not usable(cfg) or OmegaConf.select(cfg, "hydra.job.env_set"):
         return
     from multiprocessing import forkserver
 

@@ -92,31 +92,35 @@ def _all_ready(device: torch.device) -> None:
     dist.barrier()
 
 
-def _time_cuda(step: Hook, iters: int, before: Hook, after: Hook) -> list[float]:
-    times = []
-    for _ in range(iters):
-        before()
+def _sample(step: Hook, device: torch.device) -> float:
+    """One per-step sample: every rank ready (:func:`_all_ready`), then ``step`` between events
+    (CUDA) or on the host clock (CPU, where gloo collectives are synchronous)."""
+    if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        _all_ready(torch.device("cuda"))
+        _all_ready(device)
         start.record()
         step()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-        after()
-    return times
+        return start.elapsed_time(end) / 1e3
+    _all_ready(device)
+    tic = time.perf_counter()
+    step()
+    return time.perf_counter() - tic
 
 
-def _time_host(step: Hook, iters: int, before: Hook, after: Hook) -> list[float]:
-    times = []
-    for _ in range(iters):
-        before()
-        _all_ready(torch.device("cpu"))
-        tic = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - tic)
-        after()
-    return times
+class _CollectorOff:
+    """Python's garbage collector off inside (and back on after, if it was). A class, not a
+    generator: a generator's exit allocates after re-enabling, and that can trigger a collection
+    inside the timing call."""
+
+    def __enter__(self) -> None:
+        self.was_enabled = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.was_enabled:
+            gc.enable()
 
 
 def _batch(step: Hook, k: int) -> Hook:
@@ -148,15 +152,10 @@ def time_iterations(
     between one ``before`` and ``after``. Every rank of the default group must call this with
     the same ``warmup``, ``iters`` and ``ops_per_sample``."""
     assert ops_per_sample >= 1, ops_per_sample
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with _CollectorOff():
         return _time_iterations(
             step, warmup=warmup, iters=iters, device=device, before=before, after=after, ops_per_sample=ops_per_sample
         )
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _time_iterations(
@@ -179,9 +178,11 @@ def _time_iterations(
         step = _slowed(step, device)
     if device.type == "cuda":
         torch.cuda.synchronize()
-        times = _time_cuda(step, iters, before, after)
-    else:
-        times = _time_host(step, iters, before, after)
+    times = []
+    for _ in range(iters):
+        before()
+        times.append(_sample(step, device))
+        after()
     t = torch.tensor(times, dtype=torch.float64, device=device) / ops_per_sample
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()
@@ -201,9 +202,7 @@ def time_phases(
     backward instead of a forward loop beside it. ``before`` runs before each iteration, untimed;
     ``warmup`` iterations run every step untimed. Every rank must call this with the same
     arguments."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with _CollectorOff():
         for _ in range(warmup):
             before()
             for step in steps:
@@ -211,29 +210,12 @@ def time_phases(
                 step()
         gc.collect()
         timed = [_slowed(s, device) if _slowdown != 1 else s for s in steps]
-        rows: list[list[float]] = []
         if device.type == "cuda":
             torch.cuda.synchronize()
+        rows: list[list[float]] = []
         for _ in range(iters):
             before()
-            row = []
-            for step in timed:
-                _all_ready(device)
-                if device.type == "cuda":
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    step()
-                    end.record()
-                    end.synchronize()
-                    row.append(start.elapsed_time(end) / 1e3)
-                else:
-                    tic = time.perf_counter()
-                    step()
-                    row.append(time.perf_counter() - tic)
-            rows.append(row)
-    finally:
-        if was_enabled:
-            gc.enable()
+            rows.append([_sample(step, device) for step in timed])
     t = torch.tensor(rows, dtype=torch.float64, device=device).reshape(iters, len(steps))
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return [t[:, i].tolist() for i in range(len(steps))]

@@ -218,10 +218,8 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
     stopped_by: int | None = None
     try:
         # the fork server's imports overlap the first job's launch; started once the stop handlers
-        # are in place (a signal meanwhile is a stop asked for, as during a job), and not where
-        # Hydra sets variables for each job (hydra.job.env_set), which the server would lack: it
-        # then starts with the first job's ranks
-        if runs_locally(sweeper) and todo and not sweeper.config.hydra.job.get("env_set"):
+        # are in place (a signal meanwhile is a stop asked for, as during a job)
+        if runs_locally(sweeper) and todo:
             preload.start_server(sweeper.config)
         if todo:
             returns = _launch_rounds(sweeper, jobs, todo, crashed)
