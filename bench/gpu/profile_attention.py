@@ -3,6 +3,8 @@
     torchrun --nproc-per-node 2 bench/gpu/profile_attention.py --seq-len 16384,32768 \
         --impls ring,ulysses,torch_cp --kv-heads 32,8 --out DIR
     # on a CPU (gloo, tiny): --device cpu --seq-len 256 --heads 4 --head-dim 16 --dtype float32
+    # the seed's dilated grid (model small): --pattern dilated --segment-lengths 2048,4096,8192 \
+    #     --dilation-rates 1,2,4 --impls ring --heads 12 --kv-heads 12 --head-dim 64 --batch 2
 
 For each sequence length x kv-heads x impl (one launch: start-up paid once): rank 0 checks the
 gathered output against the single-device result (forward only); fwd+bwd is timed (median of
@@ -33,6 +35,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from sweepbench.attention import cp_attention, cp_context, default_sdpa_backend  # noqa: E402
 from sweepbench.attention.comm import Comm, LocalComm  # noqa: E402
+from sweepbench.attention.dilated import branches_of  # noqa: E402
 from sweepbench.attention.placement import shard_sequence, unshard_sequence  # noqa: E402
 from sweepbench.attention.registry import get_impl, why_not  # noqa: E402
 from sweepbench.attention.scaling import Shape, make_inputs, mismatch, single_device  # noqa: E402
@@ -71,8 +74,16 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--profile-iters", type=int, default=2, help="profiled steps (0: no traces)")
+    p.add_argument("--pattern", default="dense", choices=["dense", "dilated"])
+    p.add_argument("--segment-lengths", default="", help="dilated: comma-separated, one per branch")
+    p.add_argument("--dilation-rates", default="", help="dilated: comma-separated, one per branch")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
+    segments = [int(x) for x in args.segment_lengths.split(",") if x]
+    rates = [int(x) for x in args.dilation_rates.split(",") if x]
+    if args.pattern == "dilated" and (not segments or len(segments) != len(rates)):
+        p.error(f"--pattern dilated needs as many --segment-lengths as --dilation-rates, not {segments} and {rates}")
+    branches = branches_of(segments, rates)
 
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
     rank, w = dist.get_rank(), dist.get_world_size()
@@ -83,7 +94,7 @@ def main() -> int:
     backend = args.sdpa_backend or default_sdpa_backend(device, dtype)
     impls = args.impls.split(",")
     for impl in impls:
-        if reason := why_not(impl, device_type=device.type, world_size=w, num_heads=args.heads, pattern="dense",
+        if reason := why_not(impl, device_type=device.type, world_size=w, num_heads=args.heads, pattern=args.pattern,
                              causal=True):
             p.error(reason)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -96,28 +107,33 @@ def main() -> int:
         inputs = make_inputs(shape, dtype=dtype, device=device, seed=0)
         scale = 1.0 / math.sqrt(args.head_dim)
         full = [x.detach().clone().requires_grad_() for x in inputs[:3]]
-        t1_step = _step(lambda: single_device(*full, backend=backend, causal=True, pattern="dense", branches=()),
+        t1_step = _step(lambda: single_device(*full, backend=backend, causal=True, pattern=args.pattern,
+                                                    branches=branches),
                         full, inputs[3])
         t1 = _median_ms(t1_step if rank == 0 else (lambda: None), args, device)
         want = t1_step().detach() if rank == 0 else None
         del full
+        dilated = dict(pattern=args.pattern, segment_lengths=segments, dilation_rates=rates)
         for impl in impls:
             spec = get_impl(impl)
-            mine = [shard_sequence(x, dim=2, rank=rank, world_size=w, placement=spec.placement) for x in inputs]
+            mine = [shard_sequence(x, dim=2, rank=rank, world_size=w, placement=spec.placement_for(args.pattern))
+                    for x in inputs]
             leaves = [x.detach().clone().requires_grad_() for x in mine[:3]]
             comm = Comm()
 
             def attend(c: Comm, impl=impl, leaves=leaves, seq_len=seq_len):
                 with cp_context(impl, comm=comm, seq_len=seq_len, device=device):
-                    return cp_attention(*leaves, impl=impl, causal=True, scale=scale, sdpa_backend=backend, comm=c)
+                    return cp_attention(*leaves, impl=impl, causal=True, scale=scale, sdpa_backend=backend, comm=c,
+                                        **dilated)
 
             def fwd_bwd(c: Comm, impl=impl, leaves=leaves, dout=mine[3], seq_len=seq_len):
                 with cp_context(impl, comm=comm, seq_len=seq_len, device=device):
                     return _step(lambda: cp_attention(*leaves, impl=impl, causal=True, scale=scale,
-                                                      sdpa_backend=backend, comm=c), leaves, dout)()
+                                                      sdpa_backend=backend, comm=c, **dilated), leaves, dout)()
 
             out = attend(comm).detach()
-            got = unshard_sequence(list(comm.all_gather(out)), dim=2, world_size=w, placement=spec.placement)
+            got = unshard_sequence(list(comm.all_gather(out)), dim=2, world_size=w,
+                                   placement=spec.placement_for(args.pattern))
             bad = mismatch("out", got, want) if rank == 0 else None
             if bad:
                 print(f"{impl} kv={kv}: {bad}", flush=True)
@@ -143,6 +159,7 @@ def main() -> int:
     dist.barrier()
     if rank == 0:
         lines = [f"W={w} heads={args.heads}x{args.head_dim} batch={args.batch} {args.dtype} causal fwd+bwd, "
+                 f"{args.pattern}{f' {segments} x {rates}' if segments else ''}, "
                  f"sdpa={backend}, T1 = one device, median of {args.iters}",
                  f"{'impl':<10} {'seq':>7} {'kv':>3} {'T1 ms':>9} {'ms':>9} {'eff':>6} {'exposed':>8} check"]
         lines += [f"{i:<10} {n:>7} {kv:>3} {t1:9.2f} {ms:9.2f} {eff:6.3f} {exp:8.1%} {ok}"

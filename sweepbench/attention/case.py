@@ -41,6 +41,7 @@ class AttentionCase:
     t1_fault: str  # test knob: "" | exit | kill | raise | segfault, a first T1 candidate that does that
     seed: int  # of the inputs, the same on every rank
     t1_spare: bool = False  # T1's next child started ahead for the process's next job (t1.py)
+    cuda_graph: bool = False  # fwd and bwd (T1's too) replayed from CUDA graphs (graphs.py)
 
     @property
     def shape(self) -> Shape:

@@ -43,6 +43,7 @@ def check_case(
     device_type: str,
     sdpa_backend: str,
     batch_size: int,
+    cuda_graph: bool = False,
 ) -> None:
     IMPLS.check(impl, key="benchmark.impl")
     if pattern not in PATTERNS:
@@ -67,6 +68,12 @@ def check_case(
     )
     if reason:
         raise ValueError(reason)
+    if cuda_graph and not get_impl(impl).captures:
+        able = [name for name in IMPLS.names() if get_impl(name).captures]
+        raise ValueError(
+            f"benchmark.cuda_graph=true: impl={impl} cannot be captured as a CUDA graph; "
+            f"valid: benchmark.cuda_graph=false, or impl {', '.join(able)}"
+        )
     if sdpa_backend != "auto" and sdpa_backend not in SDPA_DEVICE:
         raise ValueError(
             f"benchmark.sdpa_backend={sdpa_backend!r} is not valid; choose auto or one of {', '.join(SDPA_DEVICE)}"
@@ -77,6 +84,11 @@ def check_case(
     )
     if reason:
         raise NotOnThisMachine(reason)
+    if cuda_graph and device_type != "cuda":
+        raise NotOnThisMachine(
+            f"benchmark.cuda_graph=true needs CUDA devices and these ranks compute on {device_type}; "
+            f"valid there: benchmark.cuda_graph=false"
+        )
     if sdpa_backend != "auto" and SDPA_DEVICE.get(sdpa_backend) != device_type:
         valid = [name for name, dev in SDPA_DEVICE.items() if dev == device_type]
         raise NotOnThisMachine(

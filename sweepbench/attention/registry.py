@@ -39,6 +39,7 @@ class ImplSpec:
     heads_divisor: Callable[[int], int] | None = None  # W -> what heads must divide by (all-to-all over heads)
     context: str = ""  # "module:function": a context that must cover forward and backward
     own_comm: bool = True  # communicates through sweepbench's Comm (so LocalComm times it without communication)
+    captures: bool = True  # its fwd and bwd can be captured as CUDA graphs (benchmark.cuda_graph)
     dilated_placement: str = ""  # the layout for pattern=dilated where it differs from ``placement``
     # on one rank (W=1), dense: one call of the SDPA kernel over the whole sequence, the call T1 times
     # (so the runner takes that job's fwd+bwd from T1 rather than timing it again)
@@ -120,6 +121,7 @@ register_impl(
         causal_only=True,
         context="sweepbench.attention.torch_cp:torch_cp_context",
         own_comm=False,
+        captures=False,  # its context swaps SDPA's dispatch for DTensor's around each call
     )
 )
 

@@ -13,10 +13,16 @@ together), as its users run it, not per iteration; each entry's time is kept (``
 T1 and the reference come from ``t1`` (each backend in a child process), or from the store
 of baselines (``t1_store``, ``sweepbench.measure.store``) where an earlier job measured the same case.
 At W=1, where the impl runs the kernel T1 timed (``ImplSpec.one_rank_is_t1``, dense, the same SDPA
-backend), the fwd+bwd total is T1's samples of that backend, not timed again."""
+backend), the fwd+bwd total is T1's samples of that backend, not timed again.
+
+With ``benchmark.cuda_graph`` every loop above replays the impl's fwd and bwd from CUDA graphs
+(``graphs.py``), captured after an eager run has counted the bytes sent; the graphs' first replay
+is what is verified, and T1 is timed the same way in its child."""
 
 from __future__ import annotations
 
+import functools
+import gc
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, cast
@@ -27,6 +33,7 @@ import torch.distributed as dist
 from sweepbench.attention.api import cp_attention, cp_context, default_sdpa_backend
 from sweepbench.attention.case import AttentionCase, Baseline, CaseResult, Schedule, Timings
 from sweepbench.attention.comm import Comm, LocalComm
+from sweepbench.attention.graphs import graphed
 from sweepbench.attention.ops import backends_for
 from sweepbench.attention.placement import shard_sequence, unshard_sequence
 from sweepbench.attention.registry import get_impl
@@ -87,6 +94,7 @@ def run_case(
         total=schedule.steps,
     )
 
+    run: ImplRun | None = None
     try:  # whatever ends the job (a failed check included), the store's copy of the reference is finished first
         tic = time.perf_counter()
         run = ImplRun(case, schedule, inputs, rank=rank, world_size=world_size, device=device)
@@ -103,6 +111,8 @@ def run_case(
         phase_s["timing"] = time.perf_counter() - tic
         per_rank, context_entries = gather_ranks(run, timings, sent)
     finally:
+        if run is not None:
+            run.release()
         waited = finish_saves()
     if rank == 0:
         phase_s["t1_reference_save_wait"] = waited  # the store's copy, written while the job went on
@@ -130,6 +140,7 @@ def t1_case(case: AttentionCase, device: torch.device) -> T1Case:
         [[b.segment, b.rate] for b in case.branches] if case.pattern == "dilated" else [],
         case.t1_iters,
         torch.get_num_threads(),
+        case.cuda_graph,
     )
 
 
@@ -207,6 +218,7 @@ class ImplRun:
         self.leaves, self.dout = _leaves(*self.shards[:3]), self.shards[3]
         self.comm = Comm()
         self.entries: list[float] = []
+        self.graphs: dict[type, Callable[[], torch.Tensor]] = {}  # by kind of comm (case.cuda_graph)
 
     @contextmanager
     def opened(self) -> Iterator[None]:
@@ -221,9 +233,29 @@ class ImplRun:
             yield
 
     def forward(self, comm: Comm) -> torch.Tensor:
+        """The impl's call over the leaves: eager, or its graphs' replay (``case.cuda_graph``; one
+        pair of graphs per kind of comm, captured at the first call)."""
+        if not self.case.cuda_graph:
+            return self.call(comm, *self.leaves)
+        if type(comm) not in self.graphs:
+            self.graphs[type(comm)] = graphed(functools.partial(self.call, comm), self.leaves)
+        return self.graphs[type(comm)]()
+
+    def release(self) -> None:
+        """The graphs and their memory gone before the job ends: NCCL does not tear down a
+        communicator (the job's process group) while graphs captured over it are alive."""
+        if self.graphs:
+            self.graphs.clear()
+            _clear(self.leaves)
+            gc.collect()  # the replays' outputs and autograd nodes that still reach a graph
+            _sync(self.device)
+
+    def call(self, comm: Comm, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         c = self.case
         return cp_attention(
-            *self.leaves,
+            q,
+            k,
+            v,
             impl=c.impl,
             causal=c.causal,
             sdpa_backend=self.schedule.backend,
@@ -245,16 +277,25 @@ class ImplRun:
 
     def first_run(self) -> tuple[list[torch.Tensor], dict[str, int]]:
         """One forward and backward, before any time counts: the output and gradients, and the
-        bytes this rank sends in them (through the impl's Comm)."""
+        bytes this rank sends in them (through the impl's Comm). With ``case.cuda_graph`` the
+        output and gradients are those of the graphs' first replay, captured here."""
         with self.opened():
-            out = self.forward(self.comm)
+            out = self.call(self.comm, *self.leaves)  # eager: the Comm counts what it sends
             sent = {"sent_bytes_fwd": self.comm.traffic.sent_bytes}
             if self.case.backward:
                 out.backward(self.dout)
             out = out.detach()
         sent["sent_bytes"] = self.comm.traffic.sent_bytes
+        if self.case.cuda_graph:  # what is timed is the graphs' replay: that is what is checked
+            _clear(self.leaves)
+            out = self.forward(self.comm)  # captured here, then replayed
+            if self.case.backward:
+                out.backward(self.dout)
+            out = out.detach().clone()  # the graphs' memory: the next replay writes over it
         _sync(self.device)
         grads = (cast(torch.Tensor, x.grad) for x in self.leaves)  # set by the backward
+        if self.case.cuda_graph:
+            grads = (g.clone() for g in grads)
         return ([out, *grads] if self.case.backward else [out]), sent
 
 

@@ -65,6 +65,7 @@ def report_case(r: CaseResult) -> tuple[dict[str, Any], dict[str, Any]]:
         "segment_lengths": c.segment_lengths if c.pattern == "dilated" else None,
         "dilation_rates": c.dilation_rates if c.pattern == "dilated" else None,
         "sdpa_backend": r.schedule.backend,
+        "cuda_graph": c.cuda_graph,  # fwd and bwd (T1's too) replayed from CUDA graphs
         "placement": r.schedule.placement,
         "schedule": spec.summary,
         "rotation_dtype": c.dtype,

@@ -70,6 +70,7 @@ class T1Case:
     branches: list[list[int]]  # (segment, rate) of each dilated branch
     iters: int
     num_threads: int
+    cuda_graph: bool = False  # fwd and bwd replayed from CUDA graphs (graphs.py), as the ranks' are
 
 
 def _why_died(returncode: int) -> str:
@@ -297,7 +298,8 @@ def _t1_key(case: T1Case, candidates: list[str], fault: str, device: "torch.devi
     from sweepbench.attention.t1_store import software_key
 
     return {
-        **{k: v for k, v in asdict(case).items() if k not in ("device", "num_threads")},
+        # cuda_graph only where set: the eager cases keep the keys they were stored under
+        **{k: v for k, v in asdict(case).items() if k not in ("device", "num_threads") and (k != "cuda_graph" or v)},
         "candidates": candidates,
         "fault": fault,
         **software_key(device),
@@ -472,6 +474,33 @@ def _fwd_bwd(
     return [out.detach(), *grads] if case.backward else [out.detach()]
 
 
+def _graph_step(
+    graphs: dict[str, Any],
+    leaves: list["torch.Tensor"],
+    dout: "torch.Tensor",
+    *,
+    backend: str,
+    case: T1Case,
+    branches: tuple,
+) -> None:
+    """``_fwd_bwd``'s step replayed from CUDA graphs, captured at the backend's first call."""
+    from sweepbench.attention.graphs import graphed
+    from sweepbench.attention.scaling import single_device
+
+    if backend not in graphs:
+        graphs[backend] = graphed(
+            lambda q, k, v: single_device(
+                q, k, v, backend=backend, causal=case.causal, pattern=case.pattern, branches=branches
+            ),
+            leaves,
+        )
+    for x in leaves:
+        x.grad = None
+    out = graphs[backend]()
+    if case.backward:
+        out.backward(dout)
+
+
 def _say(kind: str, name: str, value: Any) -> None:
     print(PREFIX + json.dumps([kind, name, value]), flush=True)
 
@@ -579,6 +608,7 @@ def _child(spec: dict[str, Any]) -> None:
     )
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
     branches = tuple(Branch(s, r) for s, r in c.branches)
+    graphs: dict[str, Any] = {}  # the backend's replay (c.cuda_graph), captured at its probe
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     _say("ready", "", time.time())
@@ -588,7 +618,10 @@ def _child(spec: dict[str, Any]) -> None:
         def run() -> None:
             if name == FAULT:
                 _do_fault(spec["fault"])
-            _fwd_bwd(leaves, dout, backend=name, case=c, branches=branches)
+            if c.cuda_graph:
+                _graph_step(graphs, leaves, dout, backend=name, case=c, branches=branches)
+            else:
+                _fwd_bwd(leaves, dout, backend=name, case=c, branches=branches)
 
         try:
             tic = time.perf_counter()
@@ -601,6 +634,7 @@ def _child(spec: dict[str, Any]) -> None:
         except Exception as err:  # noqa: BLE001 - a backend that refuses this case (or runs out of memory)
             _say("refused", name, str(err).splitlines()[0][:200] if str(err) else type(err).__name__)
             return  # a failed CUDA call may have poisoned the context: a fresh child tries the rest
+        graphs.clear()  # this backend's graphs and their memory
         _say("ok", name, times)
     dist.destroy_process_group()
 

@@ -53,6 +53,9 @@ class AttentionConfig(BenchmarkConfig):
     # T1's child for a kept rank's next job started ahead (its imports while this job runs, its device
     # and first calls after this job's numbers are taken): true | false | null (on GPUs)
     t1_spare: Optional[bool] = None
+    # fwd and bwd (T1's too) each replayed from a CUDA graph captured after warm-up, so that the host's
+    # launch of each kernel leaves the timing (steps of a few ms are launch-bound); CUDA only
+    cuda_graph: bool = False
     seed: int = 0
 
 
@@ -82,6 +85,7 @@ def build_case(cfg: DictConfig, *, on_gpu: bool = False) -> AttentionCase:
         t1_fault=str(b.t1_fault),
         t1_spare=on_gpu if b.t1_spare is None else bool(b.t1_spare),
         seed=int(b.seed),
+        cuda_graph=bool(b.cuda_graph),
     )
 
 
@@ -101,6 +105,7 @@ def _page_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
             "world_size": c["world_size"],
             "model": job["config"]["model"]["name"],
             "pattern": c["pattern"],
+            "cuda_graph": bool(c.get("cuda_graph")),
             "heads": c["heads"],
             "kv_heads": c["kv_heads"],
             "seq_len": c["seq_len"],
@@ -129,12 +134,13 @@ def _page_derive(rows: list[dict[str, Any]], pool: list[dict[str, Any]]) -> None
     t1: dict[tuple, dict[str, Any]] = {}
     for r in sorted(pool, key=lambda r: (float(r.get("t1_iters") or 0), r["_order"])):
         if r.get("t1_ms"):
-            t1[(r["model"], r["pattern"], r["heads"], r["kv_heads"], int(r["seq_len"]))] = r
+            t1[(r["model"], r["pattern"], bool(r.get("cuda_graph")), r["heads"], r["kv_heads"], int(r["seq_len"]))] = r
     for r in rows:
         w, seq = int(r["world_size"]), int(r["seq_len"])
         # dense only: a dilated pattern's segments are sized for the whole length (as in the runner)
         dense = r["pattern"] == "dense"
-        local = t1.get((r["model"], r["pattern"], r["heads"], r["kv_heads"], seq // w)) if w > 1 and dense else None
+        key = (r["model"], r["pattern"], bool(r.get("cuda_graph")), r["heads"], r["kv_heads"], seq // w)
+        local = t1.get(key) if w > 1 and dense else None
         if local and not r.get("efficiency_local"):  # a run that measured T1(L/W) itself keeps its own
             r["t1_local_ms"], r["t1_local_run"] = local["t1_ms"], local["run"]
             r["efficiency_local"] = efficiency_local(float(local["t1_ms"]), float(r["median_ms"]), w)
@@ -190,15 +196,17 @@ class AttentionBenchmark(Benchmark):
             device_type=device_type(cfg),
             sdpa_backend=b.sdpa_backend,
             batch_size=b.batch_size,
+            cuda_graph=bool(b.cuda_graph),
         )
 
     @classmethod
     def page(cls) -> PageSpec:
         return PageSpec(
-            case=("impl", "world_size", "model", "pattern", "heads", "kv_heads", "seq_len"),
+            case=("impl", "world_size", "model", "pattern", "cuda_graph", "heads", "kv_heads", "seq_len"),
             columns=(
                 "model",
                 "pattern",
+                "cuda_graph",
                 "heads",
                 "kv_heads",
                 "seq_len",
@@ -214,6 +222,8 @@ class AttentionBenchmark(Benchmark):
             ),
             rows=_page_rows,
             derive=_page_derive,
+            ways=("cuda_graph",),
+            absent=(("cuda_graph", "False"),),  # every run before the knob launched each kernel from the host
             notes=(
                 "`efficiency` = T1 / (W · T_W), T1 being one GPU over the whole length: how close W GPUs come "
                 "to a W-fold speed-up of one GPU running the same sequence.",
@@ -223,6 +233,8 @@ class AttentionBenchmark(Benchmark):
                 "slower per FLOP at L than at L/W. Both hold for causal attention as for full, since the "
                 "FLOPs of either grow as L².",
                 "`exposed_comm`: the share of the time left after replacing communication by local copies.",
+                "`cuda_graph`: True where each fwd and bwd was replayed from a CUDA graph (`benchmark.cuda_graph`), "
+                "T1 included; False where every kernel was launched by the host (eager).",
                 "`efficiency_target`: dense, the ring's W=2 targets (0.82 at 16K, 0.92 at 32K, 0.95 at 64K, "
                 "0.98 at 128K); dilated, the ring-dilated suite's (above 0.7 at every ring size, and from 32K "
                 "the top of its ranges: 0.90 at W=2, 0.87 at W=4). `efficiency_local` is left empty for "

@@ -47,7 +47,8 @@ class PageSpec:
     ``rows(job)``, a job's results.csv rows in a raw run (one per measured case, from its
     metrics.json dict, ``median_ms``/``iqr_ms``/``iters`` and the ``case`` columns at least);
     ``ways``, case columns that, like ``impl``, name a way of running the same case (the cases
-    that differ only in them are compared with each other: ``vs_fastest``)."""
+    that differ only in them are compared with each other: ``vs_fastest``); ``absent``, the value
+    of a column for the raw runs recorded before it existed (what they measured without saying)."""
 
     case: tuple[str, ...]
     columns: tuple[str, ...]
@@ -55,6 +56,7 @@ class PageSpec:
     derive: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None] | None = None
     notes: tuple[str, ...] = ()
     ways: tuple[str, ...] = ()
+    absent: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

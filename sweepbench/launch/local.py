@@ -163,6 +163,24 @@ def _interrupted(signum: int, tic: float, world_size: int) -> JobOutcome:
     )
 
 
+def _dump_stacks(procs: list[Any], wait_s: float = 2.0) -> list[int]:
+    """Have each rank still running write every thread's stack to its log (``rank.STACK_SIGNAL``,
+    faulthandler: it answers from inside a hung C call too); the indices of those asked."""
+    from sweepbench.launch.rank import STACK_SIGNAL
+
+    asked = []
+    for i, proc in enumerate(procs):
+        if proc.poll() is None:
+            try:
+                os.kill(proc.pid, STACK_SIGNAL)
+                asked.append(i)
+            except ProcessLookupError:
+                pass
+    if asked:
+        time.sleep(wait_s)
+    return asked
+
+
 def _supervise(
     cfg: DictConfig,
     procs: list[subprocess.Popen],
@@ -191,9 +209,11 @@ def _supervise(
         if signum is not None:
             return _interrupted(signum, tic, world_size)
         if time.monotonic() > deadline:
+            stuck = _dump_stacks(procs)
             return JobOutcome(
                 "timeout",
-                f"job exceeded launch.timeout_s={cfg.launch.timeout_s:g}s; all {world_size} ranks were killed",
+                f"job exceeded launch.timeout_s={cfg.launch.timeout_s:g}s; all {world_size} ranks were killed"
+                + ("; where each rank was is at the end of its log (logs/rank<N>.log)" if stuck else ""),
             )
         _show_progress(store, status)
         if status is not None:

@@ -8,6 +8,7 @@ inside the functions: the driver imports this module's helpers without paying fo
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import json
 import os
 import signal
@@ -36,6 +37,9 @@ _watched: set[int] = set()  # the driver pids this process's watchdog already wa
 # when a kept rank (preload, launch.keep_ranks) took its current job (time.monotonic()); None in a
 # rank whose process started for its job
 JOB_TAKEN: float | None = None
+
+
+STACK_SIGNAL = signal.SIGUSR1  # a rank writes every thread's stack to its log (faulthandler)
 
 
 def redirect_output(log_path: Path) -> None:
@@ -217,6 +221,9 @@ def main(*, forked: bool = False, kept: bool = False) -> None:
         f"pid {os.getpid()}, python {sys.version.split()[0]} ({sys.executable}) =====",
         flush=True,
     )
+    # where every thread of this rank is, written to its log on STACK_SIGNAL (the launcher sends it to
+    # a job's ranks when the job outlives launch.timeout_s, before killing them)
+    faulthandler.register(STACK_SIGNAL, all_threads=True)
     try:
         import torch.distributed as dist
 

@@ -192,3 +192,21 @@ def test_a_spawn_that_fails_partway_kills_what_it_started(tmp_path: Path, compos
     assert metrics["error"].startswith("launch: could not start rank 1 of 2 with "), metrics["error"]
     assert "Is a directory" in metrics["error"]
     assert _no_ranks_left(run.env["SWEEPBENCH_TEST_RUN"], timeout=5) == []
+
+
+def test_a_job_past_its_time_limit_says_where_each_rank_was(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    env = base_env()
+    res = run_sweepbench([*ONE, "fault.rank=1", "fault.kind=hang", "launch.timeout_s=20"], sweep_dir=sweep_dir, env=env)
+    assert res.rc == 1, res.describe()
+    (job,) = [p for p in sweep_dir.iterdir() if p.is_dir()]
+    metrics = json.loads((job / "metrics.json").read_text())
+    assert metrics["status"] == "timeout", metrics["error"]
+    assert "where each rank was is at the end of its log (logs/rank<N>.log)" in metrics["error"]
+    # faulthandler's dump, written by the ranks themselves when asked, before they were killed
+    hung = (job / "logs" / "rank1.log").read_text()
+    assert re.search(r"Thread 0x[0-9a-f]+ \(most recent call first\):", hung), hung[-2000:]
+    assert re.search(r'File ".*faults\.py", line \d+ in _hang', hung), hung[-2000:]
+    waiting = (job / "logs" / "rank0.log").read_text()  # its peer, in the collective rank 1 never joined
+    assert "(most recent call first)" in waiting and "in _hang" not in waiting, waiting[-2000:]
+    assert _no_ranks_left(env["SWEEPBENCH_TEST_RUN"]) == []
