@@ -133,6 +133,12 @@ BAD = {
     "impl": (["benchmark.impl=flash3"], "benchmark.impl='flash3'; valid: ring, ring_naive"),
     "t1_fault": (["benchmark.t1_fault=boom"], "benchmark.t1_fault='boom'; valid: '' (off), exit, kill, raise, segfault"),
     "not_cp": (["parallelism=tp2"], "benchmark=attention splits the sequence only: use parallelism=cp1/cp2/cp4/cp8"),
+    "graph_on_cpu": (["benchmark.cuda_graph=true", "benchmark.seq_len=128"],
+                     "benchmark.cuda_graph=true needs CUDA devices and these ranks compute on cpu; "
+                     "valid there: benchmark.cuda_graph=false"),
+    "graph_torch_cp": (["benchmark.impl=torch_cp", "benchmark.cuda_graph=true", "parallelism=cp2", "benchmark.seq_len=128"],
+                       "benchmark.cuda_graph=true: impl=torch_cp cannot be captured as a CUDA graph; valid: "
+                       "benchmark.cuda_graph=false, or impl ring, ring_naive, ring_lp, allgather, ulysses, usp"),
 }
 
 
