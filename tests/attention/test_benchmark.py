@@ -108,9 +108,20 @@ def test_seed_scenario_dry_run(tmp_path: Path, compose) -> None:
                               f"benchmark.seq_len={seq}")
             assert tag in run.stdout and f"-dilated-{seq}_tiny_{par}_" in tag
     assert not (tmp_path / "sweep").exists()
-    # the GPU seed (model=small, 16K-64K, ring up to 8) composes and validates job by job
-    gpu = {planned_tag(compose, "benchmark=attention", "experiment=ring_dilated_seed", f"parallelism={par}",
-                       f"benchmark.seq_len={seq}") for par in ("cp1", "cp2", "cp4", "cp8") for seq in (16384, 32768, 65536)}
+    # the GPU seed (model=small, 16K-64K, ring up to 8, CUDA graphs) composes and validates job by job as a
+    # sweep planned here (the CUDA-only knob is this machine's fit note, not an error)
+    from sweepbench.core import NotOnThisMachine
+    from sweepbench.launch.preflight import validate_config
+    from sweepbench.sweep.tags import make_tag
+
+    gpu = set()
+    for par in ("cp1", "cp2", "cp4", "cp8"):
+        for seq in (16384, 32768, 65536):
+            cfg = compose("benchmark=attention", "experiment=ring_dilated_seed", f"parallelism={par}", f"benchmark.seq_len={seq}")
+            assert cfg.benchmark.cuda_graph is True
+            gpu.add(make_tag(cfg, world_size=validate_config(cfg, plan=True)))
+            with pytest.raises(NotOnThisMachine, match="benchmark.cuda_graph=true needs CUDA devices"):
+                validate_config(cfg)
     assert len(gpu) == 12 and all("-dilated-" in t and "_small_cp" in t for t in gpu)
 
 

@@ -80,7 +80,7 @@ def test_dry_run_of_a_gpu_grid_lists_every_job_with_its_fit_note(tmp_path: Path,
     grid = saved.hydra.sweeper.params
     for job in expand_grid([f"{k}={v}" for k, v in grid.items()]):
         cfg = compose(f"benchmark={bench_name}", f"experiment={experiment}", *job)
-        world_size = validate_config(cfg)
+        world_size = validate_config(cfg, plan=True)  # as the planner does: a device check becomes the note
         note = fit_note(cfg, world_size, local=True)  # what this machine can hold, asked in-process
         assert listing[make_tag(cfg, world_size=world_size)] == (f"no: {note}" if note else "yes"), job
     misfits = sum(v != "yes" for v in listing.values())
