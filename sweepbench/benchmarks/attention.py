@@ -128,18 +128,23 @@ def _page_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _graphed(row: dict[str, Any]) -> bool:
+    """A page row's ``cuda_graph`` (a bool, or its text in a results.csv: "True" | "False")."""
+    return str(row.get("cuda_graph", "")).lower() == "true"
+
+
 def _page_derive(rows: list[dict[str, Any]], pool: list[dict[str, Any]]) -> None:
     """T1 at the per-GPU length from any run on the machine (the latest at the most T1 iterations
     that measured the same shape at L/W), efficiency_local from it, and the target where one exists."""
     t1: dict[tuple, dict[str, Any]] = {}
     for r in sorted(pool, key=lambda r: (float(r.get("t1_iters") or 0), r["_order"])):
         if r.get("t1_ms"):
-            t1[(r["model"], r["pattern"], bool(r.get("cuda_graph")), r["heads"], r["kv_heads"], int(r["seq_len"]))] = r
+            t1[(r["model"], r["pattern"], _graphed(r), r["heads"], r["kv_heads"], int(r["seq_len"]))] = r
     for r in rows:
         w, seq = int(r["world_size"]), int(r["seq_len"])
         # dense only: a dilated pattern's segments are sized for the whole length (as in the runner)
         dense = r["pattern"] == "dense"
-        key = (r["model"], r["pattern"], bool(r.get("cuda_graph")), r["heads"], r["kv_heads"], seq // w)
+        key = (r["model"], r["pattern"], _graphed(r), r["heads"], r["kv_heads"], seq // w)
         local = t1.get(key) if w > 1 and dense else None
         if local and not r.get("efficiency_local"):  # a run that measured T1(L/W) itself keeps its own
             r["t1_local_ms"], r["t1_local_run"] = local["t1_ms"], local["run"]

@@ -30,6 +30,23 @@ def test_committed_pages_are_what_the_raw_runs_give():
     assert committed == set(files), f"pages no raw run makes: {sorted(committed - set(files))}"
 
 
+def test_attention_rows_take_t1_at_the_per_gpu_length_timed_the_same_way():
+    """A row's T1(L/W) comes from a row of the same machine timed as it was: eager from eager, CUDA
+    graphs from graphs (the runs before the knob count as eager)."""
+    checked = 0
+    for page in sorted(RESULTS.glob("attention_*.csv")):
+        rows = list(csv.DictReader(page.open()))
+        for r in rows:
+            if not r["t1_local_run"]:
+                continue
+            seq = int(r["seq_len"]) // int(r["world_size"])
+            sources = [s for s in rows if s["run"] == r["t1_local_run"] and int(s["seq_len"]) == seq
+                       and s["kv_heads"] == r["kv_heads"] and s["model"] == r["model"]]
+            assert sources and {s["cuda_graph"] for s in sources if s["t1_ms"] == r["t1_local_ms"]} == {r["cuda_graph"]}, r
+            checked += 1
+    assert checked, "no attention row takes T1 at the per-GPU length from another run"
+
+
 def test_contract_columns_of_the_committed_pages():
     common = ["benchmark", "machine", "impl", "world_size", "iters", "median_ms", "iqr_ms", "date", "torch", "run"]
     own = {"attention": ["seq_len", "kv_heads", "t1_ms", "efficiency", "efficiency_local", "exposed_comm", "pattern",
