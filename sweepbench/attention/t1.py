@@ -459,46 +459,33 @@ def finish_saves() -> float:
 
 
 def _fwd_bwd(
-    leaves: list["torch.Tensor"], dout: "torch.Tensor", *, backend: str, case: T1Case, branches: tuple
-) -> list["torch.Tensor"]:
-    """The whole sequence on one device with ``backend``: the forward (and, where the case has one,
-    the backward into ``leaves``, their old gradients cleared first); [out, dq, dk, dv] or [out]."""
-    from sweepbench.attention.scaling import single_device
-
-    for x in leaves:
-        x.grad = None
-    out = single_device(*leaves, backend=backend, causal=case.causal, pattern=case.pattern, branches=branches)
-    if case.backward:
-        out.backward(dout)
-    grads = (cast("torch.Tensor", x.grad) for x in leaves)  # set by the backward
-    return [out.detach(), *grads] if case.backward else [out.detach()]
-
-
-def _graph_step(
-    graphs: dict[str, Any],
     leaves: list["torch.Tensor"],
     dout: "torch.Tensor",
     *,
     backend: str,
     case: T1Case,
     branches: tuple,
-) -> None:
-    """``_fwd_bwd``'s step replayed from CUDA graphs, captured at the backend's first call."""
+    graphs: dict[str, Any] | None = None,
+) -> list["torch.Tensor"]:
+    """The whole sequence on one device with ``backend``: the forward (and, where the case has one,
+    the backward into ``leaves``, their old gradients cleared first); [out, dq, dk, dv] or [out].
+    With ``graphs`` (``case.cuda_graph``) both are replayed from CUDA graphs, captured at the
+    backend's first call and kept there (the returned tensors are then the graphs' memory)."""
     from sweepbench.attention.graphs import graphed
     from sweepbench.attention.scaling import single_device
 
-    if backend not in graphs:
-        graphs[backend] = graphed(
-            lambda q, k, v: single_device(
-                q, k, v, backend=backend, causal=case.causal, pattern=case.pattern, branches=branches
-            ),
-            leaves,
-        )
+    def call(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor") -> "torch.Tensor":
+        return single_device(q, k, v, backend=backend, causal=case.causal, pattern=case.pattern, branches=branches)
+
+    if graphs is not None and backend not in graphs:
+        graphs[backend] = graphed(call, leaves)
     for x in leaves:
         x.grad = None
-    out = graphs[backend]()
+    out = graphs[backend]() if graphs is not None else call(*leaves)
     if case.backward:
         out.backward(dout)
+    grads = (cast("torch.Tensor", x.grad) for x in leaves)  # set by the backward
+    return [out.detach(), *grads] if case.backward else [out.detach()]
 
 
 def _say(kind: str, name: str, value: Any) -> None:
@@ -618,10 +605,7 @@ def _child(spec: dict[str, Any]) -> None:
         def run() -> None:
             if name == FAULT:
                 _do_fault(spec["fault"])
-            if c.cuda_graph:
-                _graph_step(graphs, leaves, dout, backend=name, case=c, branches=branches)
-            else:
-                _fwd_bwd(leaves, dout, backend=name, case=c, branches=branches)
+            _fwd_bwd(leaves, dout, backend=name, case=c, branches=branches, graphs=graphs if c.cuda_graph else None)
 
         try:
             tic = time.perf_counter()

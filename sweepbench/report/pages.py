@@ -137,8 +137,8 @@ def build_page(benchmark: str, machine: str, runs: list[Run], spec: Any) -> tupl
                 continue
             pool.append(
                 {
+                    **row,
                     **{k: v for k, v in spec.absent if row.get(k) in ("", None)},
-                    **{k: v for k, v in row.items() if not (k in dict(spec.absent) and v in ("", None))},
                     "machine": machine,
                     "date": run.date,
                     "run": run.name,
