@@ -164,3 +164,19 @@ def ring_grad_dtypes(rank: int, world_size: int, size: int, impl: str) -> dict[s
     err = max((got.detach().float() - shard_sequence(want, dim=2, rank=rank, world_size=size, placement="zigzag"))
               .abs().max().item() for got, want in zip((out, lq.grad, lk.grad, lv.grad), ref))
     return {"sent": sent, "error": err}
+
+
+def ulysses_messages(rank: int, world_size: int, kv_heads: int) -> dict[str, Any]:
+    """Ulysses fwd+bwd at W=4 (dense, causal) through a comm that logs every all-to-all it makes
+    (its entry's bytes, i.e. what goes to one peer), and the largest error against the reference."""
+    calls: list[int] = []
+
+    class Spy(Comm):
+        def all_to_all(self, x):
+            calls.append(x[0].numel() * x[0].element_size())
+            return super().all_to_all(x)
+
+    comm = Spy()
+    err = check_case(rank, world_size, {"impl": "ulysses", "causal": True, "pattern": "dense", "seq": 64, "heads": 4,
+                                        "kv_heads": kv_heads}, comm=comm)
+    return {"calls": calls, "sent": comm.traffic.sent_bytes, "error": err}

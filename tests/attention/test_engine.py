@@ -42,6 +42,21 @@ def test_mha_and_gqa_shapes(world4) -> None:
     assert max(max(e) for e in errors) < 2e-5
 
 
+def test_ulysses_sends_q_k_v_in_one_all_to_all_each_way(world4) -> None:
+    """At W=4, 16 tokens a rank, 4 heads of 8, fp32: one all-to-all for q, k and v together, one for
+    the output, and in the backward one for its gradient and one for dq, dk and dv together, each
+    message sized as what it carries. With 2 kv heads (not divisible by 4) K/V travel expanded to 4."""
+    from tests.attention.cases import ulysses_messages
+
+    per_head = 2 * 16 // 4 * 8 * 4  # batch 2, a quarter of a rank's 16 tokens, head dim 8, fp32: one head's bytes to a peer
+    for kv_heads, sent_kv in ((4, 4), (2, 4)):
+        got = world4.run(ulysses_messages, kv_heads)
+        qkv = (4 + 2 * sent_kv) * per_head
+        for r in got:
+            assert r["calls"] == [qkv, 4 * per_head, 4 * per_head, qkv], r["calls"]
+            assert r["sent"] == 3 * sum(r["calls"]) and r["error"] < 2e-5
+
+
 def test_torch_cp_layout_is_zigzag(world4) -> None:
     from sweepbench.attention import positions
 
