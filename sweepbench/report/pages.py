@@ -5,12 +5,15 @@ A raw run is a folder ``<benchmark>_<machine>_<YYYY-MM-DD>[_<what>]`` holding ``
 row per measured case), ``command.txt``, ``env.json`` (torch, CUDA, NCCL, cuDNN, driver, GPU) and,
 where several runs on one machine share a day, ``run.json`` with their ``sequence`` (1, 2, ... in
 the order they ran; runs of the same name on one day also carry ``_2``, ``_3``); ``notes.md``, if
-any, says in a sentence or two what the run found, and the page quotes it. A folder without
+any, says in a sentence or two what the run found, and the page quotes it. A run whose code was
+measured and then not kept (``--not-kept REASON``: ``run.json``'s ``not_kept``) gives a row only
+for a case no kept run measured, and is listed with the reason. A folder without
 ``results.csv`` (a profile, an emulation, a peer's twin) is listed on its benchmark's page for that
 machine with its note, and gives no rows; one named for no benchmark is on no page.
 
 One row per case (the benchmark's ``PageSpec.case`` columns): of the runs that measured it, the
-page shows the one with the most timed iterations, and of those the latest; never the fastest.
+page shows the one with the most timed iterations, and of those the latest (runs of kept code
+first); never the fastest.
 Where another run of the case differs from it by more than the two IQRs together, the row says
 so. Within one case group (the case without its implementation), a gap to the fastest smaller than
 the two IQRs reads "within noise".
@@ -70,11 +73,11 @@ class Run:
     env: dict[str, Any]
     command: str
     notes: str  # notes.md: what the run found, in a sentence or two
+    not_kept: str = ""  # why the code this run measured was not kept ("" where it was)
 
 
-def _order(d: Path, date: str) -> tuple[str, int]:
-    meta = json.loads((d / "run.json").read_text()) if (d / "run.json").is_file() else {}
-    return date, int(meta.get("sequence", 1))
+def _meta(d: Path) -> dict[str, Any]:
+    return json.loads((d / "run.json").read_text()) if (d / "run.json").is_file() else {}
 
 
 def load_runs(root: Path) -> list[Run]:
@@ -96,11 +99,12 @@ def load_runs(root: Path) -> list[Run]:
                 m["benchmark"],
                 m["machine"],
                 m["date"],
-                _order(d, m["date"]),
+                (m["date"], int(_meta(d).get("sequence", 1))),
                 rows,
                 env,
                 text["command.txt"],
                 text["notes.md"],
+                str(_meta(d).get("not_kept", "")),
             )
         )
     return runs
@@ -143,6 +147,7 @@ def build_page(benchmark: str, machine: str, runs: list[Run], spec: Any) -> tupl
                     "date": run.date,
                     "run": run.name,
                     "_order": run.order,
+                    "_kept": not run.not_kept,
                     **{k: run.env.get(k, "") for k in VERSIONS},
                 }
             )
@@ -151,8 +156,9 @@ def build_page(benchmark: str, machine: str, runs: list[Run], spec: Any) -> tupl
         cases.setdefault(tuple(row.get(k, "") for k in spec.case), []).append(row)
     shown = []
     for key, rows in cases.items():
-        best_iters = max(_num(r.get("iters")) or 0 for r in rows)
-        pick = max((r for r in rows if (_num(r.get("iters")) or 0) == best_iters), key=lambda r: r["_order"])
+        candidates = [r for r in rows if r["_kept"]] or rows
+        best_iters = max(_num(r.get("iters")) or 0 for r in candidates)
+        pick = max((r for r in candidates if (_num(r.get("iters")) or 0) == best_iters), key=lambda r: r["_order"])
         others = []
         for r in rows:
             if r is pick:
@@ -165,7 +171,8 @@ def build_page(benchmark: str, machine: str, runs: list[Run], spec: Any) -> tupl
                 if gap > noise
                 else " (within noise)"
             )
-            others.append(f"{r['run']}: {_fmt(r['median_ms'])} ms at {_fmt(r.get('iters'))} iters{verdict}")
+            code = "" if r["_kept"] else " (code not kept)"
+            others.append(f"{r['run']}: {_fmt(r['median_ms'])} ms at {_fmt(r.get('iters'))} iters{verdict}{code}")
         shown.append({**pick, "other_runs": "; ".join(others)})
     if spec.derive:
         spec.derive(shown, pool)
@@ -218,6 +225,11 @@ def _markdown(
         'case, "within noise" where the gap is smaller than the two IQRs together.',
         "",
     ]
+    if any(r.not_kept for r in runs):
+        lines[-1:-1] = [
+            "A run of code that was measured and then not kept (its reason under Runs) gives a row only where",
+            "no run of kept code measured the case.",
+        ]
     lines += [f"- {n}" for n in spec.notes] + ([""] if spec.notes else [])
     shown = [
         c
@@ -246,6 +258,8 @@ def _markdown(
             *[f"      {c}" for c in run.command.splitlines()],
             "",
         ]
+        if run.not_kept:
+            lines += [f"  Code not kept: {run.not_kept}", ""]
         if run.notes:
             lines += [f"  {n}" for n in run.notes.splitlines()] + [""]
     other = _other(runs)
@@ -299,13 +313,13 @@ def render_all(root: Path) -> dict[str, str]:
     return files
 
 
-def add_run(sweep: Path, root: Path, name: str, *, command: str = "") -> Path:
+def add_run(sweep: Path, root: Path, name: str, *, command: str = "", not_kept: str = "") -> Path:
     """Keep a finished sweep as the raw run ``root/runs/<name>``: results.csv from each job's
     metrics.json through its benchmark's ``PageSpec.rows`` (a failed job as one row with its
     status and error), each job's metrics.json and env.json (its rounds' too, under
     ``<tag>/rounds/<r>/``), command.txt (``command``, else the sweep's recorded overrides),
     env.json (the first job's versions) and run.json (after the runs already kept for that machine
-    and day). A job run in rounds (``sweep.repeats``) gives the rows of its combined record; where
+    and day; ``not_kept``, if given: why the code it measured was not kept). A job run in rounds (``sweep.repeats``) gives the rows of its combined record; where
     not all its rounds ended ok, the rows of each round that did, so that what was measured is
     kept. Written beside and renamed in: never half there."""
     from sweepbench.benchmarks.registry import benchmark_names, get_benchmark
@@ -377,7 +391,10 @@ def add_run(sweep: Path, root: Path, name: str, *, command: str = "") -> Path:
         + "\n",
     )
     same_day = [r for r in load_runs(root) if (r.machine, r.date) == (m["machine"], m["date"])]
-    write_atomic(tmp / "run.json", json.dumps({"sequence": max((r.order[1] for r in same_day), default=0) + 1}) + "\n")
+    meta: dict[str, Any] = {"sequence": max((r.order[1] for r in same_day), default=0) + 1}
+    if not_kept:
+        meta["not_kept"] = not_kept
+    write_atomic(tmp / "run.json", json.dumps(meta) + "\n")
     tmp.rename(dest)
     return dest
 
@@ -411,6 +428,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--add", type=Path, metavar="SWEEP_DIR", help="first keep this finished sweep as a raw run")
     ap.add_argument("--name", help="the raw run's name with --add: <benchmark>_<machine>_<YYYY-MM-DD>[_<what>]")
     ap.add_argument("--command", default="", help="with --add: the command that ran the sweep (default: as recorded)")
+    ap.add_argument(
+        "--not-kept",
+        default="",
+        metavar="REASON",
+        help="with --add: the code this sweep measured was not kept, and why (its rows yield to kept runs')",
+    )
     a = ap.parse_args(argv)
     if not (a.root / "runs").is_dir():
         print(
@@ -422,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if not a.name:
                 raise ValueError("--add needs --name <benchmark>_<machine>_<YYYY-MM-DD>[_<what>]")
-            print(f"kept {a.add} as {add_run(a.add, a.root, a.name, command=a.command)}")
+            print(f"kept {a.add} as {add_run(a.add, a.root, a.name, command=a.command, not_kept=a.not_kept)}")
         except ValueError as err:
             print(f"python bench/pages.py: {err}", file=sys.stderr)
             return 2

@@ -167,7 +167,7 @@ def ring_grad_dtypes(rank: int, world_size: int, size: int, impl: str) -> dict[s
 
 
 def ulysses_messages(rank: int, world_size: int, kv_heads: int) -> dict[str, Any]:
-    """Ulysses fwd+bwd at W=4 (dense, causal) through a comm that logs every all-to-all it makes
+    """Ulysses fwd+bwd at W=4 (dense, causal, 8 heads) through a comm that logs every all-to-all it makes
     (its entry's bytes, i.e. what goes to one peer), and the largest error against the reference."""
     calls: list[int] = []
 
@@ -177,6 +177,6 @@ def ulysses_messages(rank: int, world_size: int, kv_heads: int) -> dict[str, Any
             return super().all_to_all(x)
 
     comm = Spy()
-    err = check_case(rank, world_size, {"impl": "ulysses", "causal": True, "pattern": "dense", "seq": 64, "heads": 4,
+    err = check_case(rank, world_size, {"impl": "ulysses", "causal": True, "pattern": "dense", "seq": 64, "heads": 8,
                                         "kv_heads": kv_heads}, comm=comm)
     return {"calls": calls, "sent": comm.traffic.sent_bytes, "error": err}

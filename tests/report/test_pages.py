@@ -63,7 +63,7 @@ def test_contract_columns_of_the_committed_pages():
             assert not missing, f"{page.name} lacks {missing}"
 
 
-def _run(root: Path, name: str, rows: list[dict], sequence: int = 1) -> None:
+def _run(root: Path, name: str, rows: list[dict], sequence: int = 1, not_kept: str = "") -> None:
     d = root / "runs" / name
     d.mkdir(parents=True)
     with open(d / "results.csv", "w", newline="") as f:
@@ -73,7 +73,7 @@ def _run(root: Path, name: str, rows: list[dict], sequence: int = 1) -> None:
     (d / "command.txt").write_text(f"python -m sweepbench -m experiment=attention_llama3  # {name}\n")
     (d / "env.json").write_text(json.dumps({"torch": "2.11.0+cu130", "cuda": "13.0", "nccl": "2.28.9",
                                             "cudnn": "91900", "driver": "580.1", "gpu": "NVIDIA H200"}))
-    (d / "run.json").write_text(json.dumps({"sequence": sequence}))
+    (d / "run.json").write_text(json.dumps({"sequence": sequence, **({"not_kept": not_kept} if not_kept else {})}))
 
 
 def _att(impl: str, seq: int, w: int, iters: int, median: float, iqr: float, t1: float) -> dict:
@@ -105,6 +105,24 @@ def test_a_row_shows_the_latest_run_at_the_most_iterations_and_names_the_others(
     assert ring["efficiency_target"] == "0.92" and ring["meets_target"] == "True"
     md = files["attention_h200x2.md"]
     assert "runs/attention_h200x2_2026-01-02_long_2/" in md and "torch 2.11.0+cu130" in md
+
+
+def test_a_run_of_code_not_kept_yields_to_kept_runs_and_says_why(tmp_path):
+    """A later run whose code was measured and then not kept: the earlier kept run's row is shown,
+    the other one listed as not kept; a case only it measured is still shown; the page says why."""
+    _run(tmp_path, "attention_h200x4_2026-01-01", [_att("ulysses", 16384, 4, 10, 4.7, 0.03, 12.8)])
+    _run(tmp_path, "attention_h200x4_2026-01-02_packed", [_att("ulysses", 16384, 4, 10, 4.9, 0.03, 12.8),
+                                                          _att("ulysses", 65536, 4, 10, 60.0, 0.3, 218.0)],
+         not_kept="q, k and v packed in one message measured slower")
+    files = render_all(tmp_path)
+    rows = {r["seq_len"]: r for r in csv.DictReader(files["attention_h200x4.csv"].splitlines())}
+    assert rows["16384"]["run"] == "attention_h200x4_2026-01-01" and rows["16384"]["median_ms"] == "4.7"
+    assert rows["16384"]["other_runs"] == ("attention_h200x4_2026-01-02_packed: 4.9 ms at 10 iters "
+                                           "(differs by more than the IQRs) (code not kept)")
+    assert rows["65536"]["run"] == "attention_h200x4_2026-01-02_packed"
+    md = files["attention_h200x4.md"]
+    assert "Code not kept: q, k and v packed in one message measured slower" in md
+    assert "gives a row only where" in md and "gives a row only where" not in render_all(RESULTS)["train_cpu.md"]
 
 
 def test_check_fails_on_a_stale_page_and_bad_root_is_one_line(tmp_path, capsys):
@@ -153,16 +171,19 @@ def test_a_finished_sweep_becomes_a_raw_run_and_its_page(report_sweeps, tmp_path
     assert "benchmark=collective" in (run / "command.txt").read_text()
     assert json.loads((run / "env.json").read_text())["torch"] == torch.__version__
     assert (run / tag / "metrics.json").read_text() == (coll.sweep_dir / tag / "metrics.json").read_text()
-    assert main(["--root", str(tmp_path), "--add", str(refit.sweep_dir), "--name", "refit_cpu_2026-01-01"]) == 0
-    # the second run kept for this machine and day, whatever its benchmark
-    assert json.loads((tmp_path / "runs" / "refit_cpu_2026-01-01" / "run.json").read_text()) == {"sequence": 2}
+    assert main(["--root", str(tmp_path), "--add", str(refit.sweep_dir), "--name", "refit_cpu_2026-01-01",
+                 "--not-kept", "a trial"]) == 0
+    # the second run kept for this machine and day, whatever its benchmark; its code marked as not kept
+    assert json.loads((tmp_path / "runs" / "refit_cpu_2026-01-01" / "run.json").read_text()) == \
+        {"sequence": 2, "not_kept": "a trial"}
 
     assert main(["--root", str(tmp_path)]) == 0
     page = list(csv.DictReader((tmp_path / "collective_cpu.csv").open()))
     assert len(page) == len(cases) and {r["run"] for r in page} == {name}  # the failed job: on no page
     [row] = list(csv.DictReader((tmp_path / "refit_cpu.csv").open()))
     assert float(row["ratio_to_floor"]) == float(row["median_ms"]) / float(row["floor_ms"])
-    assert row["src"] == "tp2" and row["model"] == "tiny"
+    assert row["src"] == "tp2" and row["model"] == "tiny"  # the only run of its case: shown, not kept or not
+    assert "Code not kept: a trial" in (tmp_path / "refit_cpu.md").read_text()
 
     capsys.readouterr()
     for bad in (["--name", "nonsense"], ["--name", name], ["--name", "nosuch_cpu_2026-01-01"]):
