@@ -4,14 +4,14 @@ for collocated refit. Across nodes the pieces still go over NCCL (batched send/r
 
 On its first run the executor exchanges CUDA IPC handles of every rank's source shards (one
 ``all_gather_object``) and caches the opened peer views with the plan's executor: later runs
-only copy. Every pull is one device-to-device copy on a copy engine: a contiguous ``cudaMemcpy``,
-or, where the region is a 2D slice on either side (a column slice of a row-parallel weight, as in
-tp2 -> tp4), one ``cudaMemcpy2DAsync`` straight out of the sender's shard into the receiver's
-(``cuda_ipc.copy_2d``). Only a region that is no single 2D slice is packed by its sender into a
-contiguous export buffer first (on its own GPU, in its own process), and pulled into a contiguous
-staging buffer where its destination is no such slice either: torch's ``copy_`` of a strided view
-is an elementwise kernel that the receiver's process would launch on the sender's GPU, where it
-time-slices against the sender's own kernels (its NCCL barrier spinning among them). Each run is framed by two stream-ordered barriers (a one-element NCCL all-reduce):
+only copy. Every pull is one contiguous device-to-device ``cudaMemcpy`` (a copy engine): a region
+that is strided in its sender's shard (a column slice of a row-parallel weight, as in tp2 -> tp4)
+is first packed by its sender into a contiguous export buffer on its own GPU, in its own process.
+Pulled straight out of the strided view instead, the copy is an elementwise kernel that the
+receiver's process launches on the sender's GPU, where it time-slices against the sender's own
+kernels (its NCCL barrier spinning among them). Pulled as one ``cudaMemcpy2DAsync`` instead (a copy
+engine reading rows at the shard's pitch, nothing packed), the same regions measured slower on
+4x H200 (llama3_8b tp2 -> tp4 and tp2pp2 -> tp4pp1, two interleaved rounds): packing is kept. Each run is framed by two stream-ordered barriers (a one-element NCCL all-reduce):
 the first makes the senders' shards ready before any peer reads them, the second keeps a sender
 from changing its shards (or freeing them) while a peer still reads, and makes the refit end
 when the last destination has its weights. Pulls from different peers go on separate streams,
@@ -70,7 +70,6 @@ class IpcPull(SendRecv):
         self.pull_src: dict[int, torch.cuda.Stream] = {}
         self.scatter = torch.cuda.Stream(device=self.device)
         self.staging: dict[Route, torch.Tensor] = {}
-        self.direct: set[int] = set()  # route indices I pull as one 2D copy
         self.packed: dict[int, torch.Tensor] = {}  # route index -> my contiguous copy of a strided region
         self.flag = torch.zeros(1, device=self.device)
         self.peers: dict[int, dict[str, torch.Tensor]] | None = None
@@ -78,13 +77,13 @@ class IpcPull(SendRecv):
 
     def _open(self, src_shards: Shards, dst_shards: Shards) -> None:
         """Collective, first run only: exchange handles of what peers pull from me (a whole
-        shard where their regions are contiguous or 2D slices in it, else a packing buffer per
-        region, named ``#<route index>``); for each pull, a 2D copy where either side is a 2D
-        slice, else a contiguous staging buffer where its destination region is strided."""
+        shard where their regions are contiguous in it, else a packing buffer per strided region,
+        named ``#<route index>``), and make a contiguous staging buffer for each pull whose
+        destination region is strided."""
         mine: dict[str, torch.Tensor] = {}
         for i, r in self.exported.items():
             region = src_shards[r.param][box_slices(r.src_box)]
-            if cuda_ipc.plane(region) is not None:
+            if region.is_contiguous():
                 mine[r.param] = src_shards[r.param]
             else:
                 mine[f"#{i}"] = self.packed[i] = torch.empty(r.shape, dtype=region.dtype, device=self.device)
@@ -92,21 +91,9 @@ class IpcPull(SendRecv):
         self.source_ptrs = {name: t.data_ptr() for name, t in mine.items() if not name.startswith("#")}
         for src, routes in self.pulls.items():
             self.pull_src[src] = torch.cuda.Stream(device=next(iter(self.peers[src].values())).device)
-            for i, r in routes:
-                target, source = dst_shards[r.param][box_slices(r.dst_box(self.rank))], self._source(src, i, r)
-                if target.is_contiguous() and source.is_contiguous():
-                    continue
-                if cuda_ipc.planes(target, source) is not None:
-                    self.direct.add(i)
-                elif not target.is_contiguous():
+            for _, r in routes:
+                if not dst_shards[r.param][box_slices(r.dst_box(self.rank))].is_contiguous():
                     self.staging[r] = torch.empty(r.shape, dtype=dst_shards[r.param].dtype, device=self.device)
-
-    def _source(self, src: int, i: int, r: Route) -> torch.Tensor:
-        """Route ``i``'s region in sender ``src``'s memory: its export buffer, else its shard's slice."""
-        assert self.peers is not None
-        views = self.peers[src]
-        packed = views.get(f"#{i}")
-        return views[r.param][box_slices(r.src_box)] if packed is None else packed
 
     def _pack(self, src_shards: Shards) -> None:
         """My strided regions into their export buffers, on this rank's stream (before the
@@ -132,15 +119,14 @@ class IpcPull(SendRecv):
         ready = torch.cuda.current_stream(self.device)
         self.scatter.wait_stream(ready)
         for src, routes in self.pulls.items():
-            dst_stream = self.pull_dst[src]
+            views, dst_stream = self.peers[src], self.pull_dst[src]
             dst_stream.wait_stream(ready)
             with torch.cuda.stream(dst_stream), torch.cuda.stream(self.pull_src[src]):
                 for i, r in routes:
-                    target, source = dst_shards[r.param][box_slices(r.dst_box(self.rank))], self._source(src, i, r)
-                    if i in self.direct:  # one copy-engine 2D copy, on the stream that holds this sender's pulls
-                        cuda_ipc.copy_2d(target, source, dst_stream)
-                        continue
+                    target = dst_shards[r.param][box_slices(r.dst_box(self.rank))]
                     staged = self.staging.get(r)
+                    packed = views.get(f"#{i}")
+                    source = views[r.param][box_slices(r.src_box)] if packed is None else packed
                     (target if staged is None else staged).copy_(source)
                     if staged is not None:
                         self.scatter.wait_stream(dst_stream)
