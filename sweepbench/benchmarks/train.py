@@ -313,13 +313,7 @@ class TrainBenchmark(Benchmark):
             "tokens_per_s": r["tokens_per_s"],
             "mfu_pct": 100 * mfu,
         }
-        peak_kind = "fp8" if plan.precision == "fp8" else "bf16"
-        basis = (
-            f"{peak_kind} dense peak of {r['device_name']} ({r['peak_flops'] / 1e12:.0f} TFLOP/s, table)"
-            if on_peak
-            else f"no peak is tabled for {r['device_name']}: MFU is taken against the matmul ceiling "
-            f"measured in this job ({r['ceiling_flops'] / 1e12:.3g} TFLOP/s)"
-        )
+        basis = mfu_basis(r["device_name"], r["peak_flops"], r["ceiling_flops"], precision=plan.precision)
         extra = {
             "precision": plan.precision,
             "mfu_basis": basis,
@@ -365,6 +359,18 @@ def _torch_version() -> str:
     from importlib.metadata import version
 
     return version("torch")
+
+
+def mfu_basis(device: str, peak_flops: float | None, ceiling_flops: float, *, precision: str) -> str:
+    """What a job's MFU divides by, in words: the tabled bf16 peak (for fp8 too, as torchtitan
+    counts it), else the matmul ceiling the job measured."""
+    if peak_flops is None:
+        return (
+            f"no peak is tabled for {device}: MFU is taken against the matmul ceiling "
+            f"measured in this job ({ceiling_flops / 1e12:.3g} TFLOP/s)"
+        )
+    also = ", fp8 steps measured against it as torchtitan does" if precision == "fp8" else ""
+    return f"bf16 dense peak of {device} ({peak_flops / 1e12:.0f} TFLOP/s, table{also})"
 
 
 def _verify_note(layers: int, full: int, *, forced: bool) -> str:

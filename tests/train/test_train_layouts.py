@@ -114,3 +114,13 @@ def test_plots(layouts: SweepRun) -> None:
     assert families == {"dp", "tp", "pp", "tppp", "cp"}
     bars = plots[2].figure.axes[0].patches
     assert len(bars) == len(LAYOUTS) and all(b.get_height() > 0 for b in bars)
+
+
+def test_mfu_basis_names_the_peak_it_divides_by() -> None:
+    """fp8 steps are measured against the bf16 peak (torchtitan's convention): the words say so."""
+    from sweepbench.benchmarks.train import mfu_basis
+
+    fp8 = mfu_basis("NVIDIA H200", 989e12, 700e12, precision="fp8")
+    assert fp8 == "bf16 dense peak of NVIDIA H200 (989 TFLOP/s, table, fp8 steps measured against it as torchtitan does)"
+    assert mfu_basis("NVIDIA H200", 989e12, 700e12, precision="bf16") == "bf16 dense peak of NVIDIA H200 (989 TFLOP/s, table)"
+    assert "matmul ceiling measured in this job (0.05 TFLOP/s)" in mfu_basis("cpu", None, 5e10, precision="bf16")
