@@ -2,7 +2,9 @@
 
 ``slurm_cluster`` starts a one-node SLURM cluster on localhost once per test
 session and stops it at the end (set ``SWEEPBENCH_SLURM_KEEP=1`` to leave it
-running). ``multinode_cluster`` adds the two-node cluster in network namespaces
+running). ``time_limit_job`` is a job over its 1-minute time limit, submitted when the first
+cluster test module begins, so that SLURM's minute (and its ~30 s limit check) passes while the
+other modules run; the test reading its TIMEOUT comes last. ``multinode_cluster`` adds the two-node cluster in network namespaces
 (multinode.py) on top of it, and removes it, its namespaces and bridge at the end, whatever
 happened (``SWEEPBENCH_SLURM_KEEP=1`` leaves it up too).  While the session runs, ``SLURM_CONF`` is set in ``os.environ`` so
 that any ``sbatch``/``squeue``/``sacct`` started from the tests -- by submitit,
@@ -15,7 +17,8 @@ to run ``.ci/install_slurm.sh``.
 from __future__ import annotations
 
 import os
-from typing import Dict, Iterator, Optional
+from pathlib import Path
+from typing import Dict, Iterator, Optional, Tuple
 
 import pytest
 
@@ -75,3 +78,13 @@ def multinode_cluster(slurm_cluster: SlurmCluster) -> Iterator[MultiNodeCluster]
     finally:
         if not _keep():
             cluster.stop(quiet=True)
+
+
+@pytest.fixture(scope="session")
+def time_limit_job(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuple[str, Path]]:
+    """(job id, its output file) of ``sleep 600`` under ``--time=1``."""
+    out = tmp_path_factory.mktemp("timelimit") / "out.txt"
+    job_id = slurm_cluster.sbatch("--time=1", "--job-name=timelimit", f"--output={out}",
+                                  "--wrap", "echo started; sleep 600")
+    yield job_id, out
+    slurm_cluster.run(["scancel", job_id], check=False)

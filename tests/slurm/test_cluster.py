@@ -1,8 +1,9 @@
 """Tests of the real one-node SLURM test cluster (tests/slurm/cluster.py).
 
 They submit real jobs with sbatch and submitit and read the results back with
-sacct; the whole file takes about a minute and a half, most of it the
-time-limit test, which overlaps with the others.
+sacct. This file submits the session's job over its time limit (conftest.py's
+``time_limit_job``); the test of its TIMEOUT is the last of test_sweep_slurm.py, by
+when its minute has long passed.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .cluster import FINAL_STATES, SlurmCluster, _port_open
+from .cluster import SlurmCluster, _port_open
 
 
 def _read(path: Path) -> str:
@@ -21,13 +22,8 @@ def _read(path: Path) -> str:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _time_limit_job(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory):
-    """A job over its 1-minute time limit, submitted first so that its wait overlaps the other tests."""
-    out = tmp_path_factory.mktemp("timelimit") / "out.txt"
-    job_id = slurm_cluster.sbatch("--time=1", "--job-name=timelimit", f"--output={out}",
-                                  "--wrap", "echo started; sleep 600")
-    yield job_id, out
-    slurm_cluster.run(["scancel", job_id], check=False)
+def _time_limit_job_submitted(time_limit_job: tuple[str, Path]) -> None:
+    """The job over its time limit, submitted with the first cluster test (its wait overlaps the rest)."""
 
 
 @pytest.mark.timeout(90, func_only=True)
@@ -146,16 +142,6 @@ def test_scontrol_requeue_restarts_running_job(slurm_cluster: SlurmCluster, tmp_
     assert counter.read_text().splitlines() == ["start restart_count=0", "start restart_count=1"]
     records = slurm_cluster.run(["sacct", "-n", "-P", "-X", "-D", "-j", job_id, "-o", "State"]).stdout.split()
     assert records == ["REQUEUED", "COMPLETED"]
-
-
-@pytest.mark.timeout(150, func_only=True)
-def test_time_limit_kills_job_with_timeout(slurm_cluster: SlurmCluster, _time_limit_job) -> None:
-    job_id, out = _time_limit_job
-    # --time=1 is one minute; slurmctld checks limits every ~30 s, KillWait=2, OverTimeLimit=0
-    state = slurm_cluster.wait_job(job_id, timeout=140)
-    assert state == "TIMEOUT", _read(out)
-    assert state in FINAL_STATES
-    assert "started" in _read(out)
 
 
 @pytest.mark.timeout(30, func_only=True)

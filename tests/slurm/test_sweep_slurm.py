@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 from sweepbench.slurm.tasks import master_port
 
 from ..conftest import SMALL, TINY, SweepRun, planned_tag, run_sweepbench, wandb_inspect
-from .cluster import SlurmCluster
+from .cluster import FINAL_STATES, SlurmCluster
 from .sweeps import (
     BackgroundSweep,
     assert_requeued_and_done,
@@ -306,3 +306,15 @@ def test_local_variant_runs_the_same_path_without_slurm(tmp_path: Path, compose:
     dead = run.metrics(tags["kill"])
     assert dead["status"] == "failed" and "submitit-local job" in dead["error"], dead["error"]
     assert "submitit-local: 2 jobs:" in run.stdout
+
+
+@pytest.mark.timeout(150, func_only=True)
+def test_time_limit_kills_job_with_timeout(slurm_cluster: SlurmCluster, time_limit_job: tuple[str, Path]) -> None:
+    """The job over its 1-minute limit (submitted with the first cluster test; slurmctld checks
+    limits every ~30 s, KillWait=2, OverTimeLimit=0) ends TIMEOUT, having started. Last in this
+    file, the last of the cluster tests, so that its wait has passed while they ran."""
+    job_id, out = time_limit_job
+    state = slurm_cluster.wait_job(job_id, timeout=140)
+    assert state == "TIMEOUT", out.read_text() if out.exists() else f"<no {out}>"
+    assert state in FINAL_STATES
+    assert "started" in out.read_text()
