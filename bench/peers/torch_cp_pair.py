@@ -56,6 +56,11 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=1, help="twin then harness, this many times")
     p.add_argument("--tolerance", type=float, default=0.03)
     args = p.parse_args()
+    for name, value, least in (("--rounds", args.rounds, 1), ("--nproc", args.nproc, 2), ("--iters", args.iters, 1)):
+        if value < least:
+            p.error(f"{name} {value}: valid is an integer >= {least}")
+    if not args.seq_lens or any(n <= 0 or n % (2 * args.nproc) for n in args.seq_lens):
+        p.error(f"sequence lengths {args.seq_lens}: valid are positive multiples of 2 x --nproc ({2 * args.nproc})")
     args.out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **GPU_ENV}
     peer: dict[int, list[float]] = {n: [] for n in args.seq_lens}

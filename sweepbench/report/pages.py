@@ -441,6 +441,13 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if a.not_kept and a.add is None:
+        print(
+            "python bench/pages.py: --not-kept says why a sweep kept with --add measured code that was not kept; "
+            "give it with --add SWEEP_DIR --name ...",
+            file=sys.stderr,
+        )
+        return 2
     if a.add is not None:
         try:
             if not a.name:

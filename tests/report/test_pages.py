@@ -190,6 +190,9 @@ def test_a_finished_sweep_becomes_a_raw_run_and_its_page(report_sweeps, tmp_path
         assert main(["--root", str(tmp_path), "--add", str(coll.sweep_dir), *bad]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("python bench/pages.py: "), err
+    assert main(["--root", str(tmp_path), "--not-kept", "a trial"]) == 2  # a reason with no sweep to keep
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--not-kept" in err and "--add" in err, err
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [name, "refit_cpu_2026-01-01"]
 
 
