@@ -92,6 +92,7 @@ def load_runs(root: Path) -> list[Run]:
             with open(d / "results.csv", newline="") as f:
                 rows = list(csv.DictReader(f))
         env = json.loads((d / "env.json").read_text()) if (d / "env.json").is_file() else {}
+        meta = _meta(d)
         text = {n: (d / n).read_text().strip() if (d / n).is_file() else "" for n in ("command.txt", "notes.md")}
         runs.append(
             Run(
@@ -99,12 +100,12 @@ def load_runs(root: Path) -> list[Run]:
                 m["benchmark"],
                 m["machine"],
                 m["date"],
-                (m["date"], int(_meta(d).get("sequence", 1))),
+                (m["date"], int(meta.get("sequence", 1))),
                 rows,
                 env,
                 text["command.txt"],
                 text["notes.md"],
-                str(_meta(d).get("not_kept", "")),
+                str(meta.get("not_kept", "")),
             )
         )
     return runs
@@ -441,15 +442,13 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if a.not_kept and a.add is None:
-        print(
-            "python bench/pages.py: --not-kept says why a sweep kept with --add measured code that was not kept; "
-            "give it with --add SWEEP_DIR --name ...",
-            file=sys.stderr,
-        )
-        return 2
-    if a.add is not None:
+    if a.add is not None or a.not_kept:
         try:
+            if a.add is None:
+                raise ValueError(
+                    "--not-kept says why a sweep kept with --add measured code that was not kept; "
+                    "give it with --add SWEEP_DIR --name ..."
+                )
             if not a.name:
                 raise ValueError("--add needs --name <benchmark>_<machine>_<YYYY-MM-DD>[_<what>]")
             print(f"kept {a.add} as {add_run(a.add, a.root, a.name, command=a.command, not_kept=a.not_kept)}")
