@@ -142,12 +142,16 @@ class TrainBenchmark(Benchmark):
     def keeps_ranks_for(cls, cfg: DictConfig) -> bool:
         # one rank only: on 4 GPUs every 4-rank job run in kept ranks died at its start (rank 0,
         # SIGSEGV) where the same jobs in new processes ran (docs/running.md)
-        return cls.keeps_ranks and cls.world_size(cfg) == 1
+        from sweepbench.train.impls import PEERS
+
+        peer = PEERS.get(cfg.benchmark.impl)
+        return cls.keeps_ranks and cls.world_size(cfg) == 1 and not (peer and peer.own_process)
 
     @classmethod
     def validate(cls, cfg: DictConfig) -> None:
         from sweepbench.config.validate import device_type
         from sweepbench.train.context import check_cp
+        from sweepbench.train.impls import PEERS
         from sweepbench.train.plan import check_device, check_plan
         from sweepbench.train.recipe import check_recipe, check_recipe_device
 
@@ -156,6 +160,12 @@ class TrainBenchmark(Benchmark):
         device = device_type(cfg)
         check_cp(job, plan, device)
         check_recipe(job.knobs, plan)
+        peer = PEERS.get(job.knobs.impl)
+        if peer and peer.own_process and cfg.launch.get("keep_ranks"):
+            raise ValueError(
+                f"launch.keep_ranks=true with benchmark.impl={job.knobs.impl}: {peer.own_process}, so its "
+                f"job runs in a process of its own; leave launch.keep_ranks unset or false"
+            )
         if why := check_recipe_device(job.knobs, device):
             raise NotOnThisMachine(why)
         if why := check_device(job, plan, device):

@@ -69,6 +69,28 @@ def llama_config(shape: ModelShape, seq_len: int) -> LlamaConfig:
     )
 
 
+def lora_config(opts: Any) -> LoraConfig:
+    """peft's LoRA of our recipe: rank and alpha as ours, on q/k/v/o, no dropout, no bias."""
+    return LoraConfig(
+        r=opts.lora_rank, lora_alpha=opts.lora_alpha, lora_dropout=0.0, bias="none", target_modules=LORA_TARGETS
+    )
+
+
+def hf_model(shape: ModelShape, seq_len: int, *, device: torch.device, dtype: torch.dtype) -> Any:
+    """transformers' LlamaForCausalLM of ``shape`` on ``device`` in ``dtype`` (its own random weights)."""
+    with torch.device(device):
+        model: nn.Module = LlamaForCausalLM(llama_config(shape, seq_len))
+    return model.to(dtype)
+
+
+def our_weights(shape: ModelShape, opts: Any, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Our engine's initial weights of this recipe (LoRA's included), under HF's names."""
+    with torch.device("meta"):
+        ours = Transformer(shape, lora_rank=opts.lora_rank, lora_alpha=opts.lora_alpha)
+    init_weights(ours, seed=opts.seed, device=device, dtype=dtype)
+    return hf_state(dict(ours.named_parameters()), shape)
+
+
 def hf_state(ours: dict[str, torch.Tensor], shape: ModelShape) -> dict[str, torch.Tensor]:
     """Our engine's weights under HF's (and peft's) names: ``model.*`` and ``lm_head.weight``,
     LoRA's A and B as ``<proj>.lora_A`` / ``lora_B``."""
@@ -96,15 +118,21 @@ def hf_state(ours: dict[str, torch.Tensor], shape: ModelShape) -> dict[str, torc
     return out
 
 
+def our_name(raw: str) -> str:
+    """A (peft-wrapped) HF parameter's name under ``hf_state``'s names."""
+    name = raw.removeprefix("base_model.model.").replace(".base_layer.", ".").replace(".default.", ".")
+    return name.removesuffix(".weight") if ".lora_" in name else name
+
+
 @torch.no_grad()
-def load_ours(model: nn.Module, ours: dict[str, torch.Tensor]) -> None:
-    """Copy our weights into the (peft-wrapped) HF model; every parameter must be covered."""
-    params = dict(model.named_parameters())
-    filled = set()
-    for raw, param in params.items():
-        name = raw.removeprefix("base_model.model.").replace(".base_layer.", ".").replace(".default.", ".")
-        name = name.removesuffix(".weight") if ".lora_" in name else name
-        param.copy_(ours[name])
+def load_ours(model: nn.Module, ours: dict[str, torch.Tensor], *, loaded: frozenset[str] = frozenset()) -> None:
+    """Copy our weights into the (peft-wrapped) HF model; every parameter must be covered, those
+    named in ``loaded`` (already holding them, e.g. quantized from a checkpoint of them) left as they are."""
+    filled = set(loaded)
+    for raw, param in model.named_parameters():
+        name = our_name(raw)
+        if name not in loaded:
+            param.copy_(ours[name])
         filled.add(name)
     assert filled == set(ours), f"weights not mapped: {sorted(set(ours) - filled)}"
 
@@ -128,22 +156,9 @@ class HFTrainer:
         assert plan.tp == plan.pp == plan.cp == 1, "the hf implementation runs dp layouts (checked before launch)"
         self.plan, self.device = plan, device
         dtype = DTYPES[plan.precision]
-        with torch.device("meta"):
-            ours = Transformer(shape, lora_rank=opts.lora_rank, lora_alpha=opts.lora_alpha)
-        init_weights(ours, seed=opts.seed, device=device, dtype=dtype)
-        weights = hf_state(dict(ours.named_parameters()), shape)
-        del ours
-        with torch.device(device):
-            model: nn.Module = LlamaForCausalLM(llama_config(shape, plan.seq_len))
-            model = model.to(dtype)
-        if opts.lora_rank:
-            lora = LoraConfig(
-                r=opts.lora_rank, lora_alpha=opts.lora_alpha, lora_dropout=0.0, bias="none", target_modules=LORA_TARGETS
-            )
-            # adapters in the weights' dtype, as ours (peft would otherwise keep them in fp32)
-            model = get_peft_model(model, lora, autocast_adapter_dtype=False)
-        load_ours(model, weights)
-        del weights
+        model = self.build_model(
+            shape, plan, opts, device=device, dtype=dtype, weights=our_weights(shape, opts, device, dtype)
+        )
         model.train()
         if opts.ac == "full":
             hf: Any = model  # a LlamaForCausalLM, or peft's model, which passes the call on to it
@@ -172,6 +187,30 @@ class HFTrainer:
             params, lr=opts.lr, betas=(0.9, 0.95), weight_decay=0.1, fused=opts.fused_adamw
         )
 
+    def build_model(
+        self,
+        shape: ModelShape,
+        plan: TrainPlan,
+        opts: Any,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        weights: dict[str, torch.Tensor],
+    ) -> nn.Module:
+        """transformers' model of ``shape`` holding ``weights`` (ours under HF's names), with
+        peft's LoRA where ``opts.lora_rank``."""
+        model = hf_model(shape, plan.seq_len, device=device, dtype=dtype)
+        if opts.lora_rank:
+            # adapters in the weights' dtype, as ours (peft would otherwise keep them in fp32)
+            model = get_peft_model(model, lora_config(opts), autocast_adapter_dtype=False)
+        load_ours(model, weights)
+        return model
+
+    def micro_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One micro-batch's mean loss over every position (targets ``y``), as our engine's."""
+        logits = self.model(**_model_inputs(x), use_cache=False).logits
+        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
         mb, n = self.plan.micro_batch, self.plan.num_micro
@@ -185,8 +224,7 @@ class HFTrainer:
             sync = no_sync() if no_sync is not None and i < n - 1 else contextlib.nullcontext()
             with sync:
                 with self.plan.autocast(self.device.type, sharded=self.sharded):
-                    logits = self.model(**_model_inputs(x), use_cache=False).logits
-                part = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()) / n
+                    part = self.micro_loss(x, y) / n
                 part.backward()
             loss += part.detach()
         self.optimizer.step()

@@ -20,6 +20,8 @@ IMPLS: Registry[type] = Registry("train implementation")
 IMPLS.declare("ours", "sweepbench.train.trainer")
 IMPLS.declare("hf", "sweepbench.train.hf_peer")
 IMPLS.declare("torchtitan", "sweepbench.train.titan_peer")
+IMPLS.declare("fms_peft", "sweepbench.train.fms_peer")
+IMPLS.declare("fms_foak", "sweepbench.train.fms_peer")
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,12 @@ class PeerSpec:
     precisions: tuple[str, ...] = ("fp32", "bf16", "mixed")
     dp_shards: tuple[str, ...] = ("fsdp", "ddp")  # how its dp ranks may hold the weights
     packed_attention: str = ""  # how its attention keeps packed documents apart (padding_free)
+    requires: tuple[tuple[str, object, str], ...] = ()  # (knob, value it must have, why)
+    devices: tuple[str, ...] = ("cpu", "cuda")  # device types it runs on
+    device_note: str = ""  # why not on the others, for the refusal line
+    # why it must run in a process of its own (a peer that patches library modules for the life of
+    # the process), or "" where its rank may be kept for the sweep's next job
+    own_process: str = ""
 
 
 PEERS: dict[str, PeerSpec] = {
@@ -57,19 +65,33 @@ PEERS: dict[str, PeerSpec] = {
         dp_shards=("fsdp",),
     ),
 }
-# peers asked for that this install cannot run as implementations: name -> the line that says so
-NOT_WIRED: dict[str, str] = {
-    "fms_peft": (
-        "benchmark.impl=fms_peft (fms-acceleration-peft) is not an implementation here: its plugins "
-        "patch HF Trainer runs of fms-hf-tuning; install them with pip install fms-acceleration-peft "
-        "and run fms-hf-tuning, or compare impl=hf with benchmark.quant=nf4 on ours"
-    ),
-    "fms_foak": (
-        "benchmark.impl=fms_foak (fms-acceleration-foak) is not an implementation here: its fused "
-        "kernels patch HF Trainer runs of fms-hf-tuning; install them with pip install "
-        "fms-acceleration-foak and run fms-hf-tuning, or compare with benchmark.fused=liger on ours"
-    ),
-}
+# fms-acceleration 0.6 pins numpy<2 (pip would downgrade numpy under torch) yet runs on numpy 2: its
+# framework goes in without its dependencies, which the fms extra installs
+FMS_INSTALL = 'pip install "sweepbench[fms]" && pip install --no-deps fms-acceleration'
+# fms-acceleration's plugins (the seed benchmark's own) on the hf peer's model, single device, bf16
+FMS_PEFT = PeerSpec(
+    modules=("fms_acceleration", "fms_acceleration_peft", "transformers", "peft", "bitsandbytes"),
+    install=FMS_INSTALL,
+    layouts="a single device",
+    knobs=("quant", "lora_rank"),
+    ac_note="HF gradient checkpointing is per decoder layer",
+    precisions=("bf16",),
+    dp_shards=(),
+    requires=(("quant", "nf4", "its plugin loads the base in 4-bit through bitsandbytes"),),
+)
+PEERS["fms_peft"] = FMS_PEFT
+PEERS["fms_foak"] = PeerSpec(
+    modules=(*FMS_PEFT.modules, "fms_acceleration_foak"),
+    install=FMS_INSTALL,
+    layouts="a single device",
+    knobs=("quant", "lora_rank"),
+    ac_note=FMS_PEFT.ac_note,
+    precisions=("bf16",),
+    dp_shards=(),
+    devices=("cuda",),
+    device_note="its fused kernels are Triton kernels for CUDA",
+    own_process="its plugin patches transformers' llama module (RoPE, the loss) for the life of the process",
+)
 
 
 def missing(impl: str) -> str | None:
@@ -94,8 +116,6 @@ def check_impl(
     run, an activation checkpointing mode or precision (resolved) it lacks, a way of holding the
     weights on dp ranks it lacks, or a recipe knob (``knobs``: name -> value, those set away from
     their default) it lacks."""
-    if impl in NOT_WIRED:
-        raise ValueError(NOT_WIRED[impl])
     IMPLS.check(impl, key="benchmark.impl")
     spec = PEERS.get(impl)
     if spec is None:
@@ -111,6 +131,10 @@ def check_impl(
             f"benchmark.ac={ac} with benchmark.impl={impl}: it checkpoints activations as "
             f"{' or '.join(spec.ac)}{note}; use one of those"
         )
+    if dp > 1 and not spec.dp_shards:
+        raise ValueError(
+            f"benchmark.impl={impl} with parallelism dp={dp}: it runs {spec.layouts}; use dp=1 or impl=ours"
+        )
     if dp > 1 and dp_shard not in spec.dp_shards:
         raise ValueError(
             f"benchmark.dp_shard={dp_shard} with benchmark.impl={impl}: its dp ranks hold the weights "
@@ -119,13 +143,20 @@ def check_impl(
     if precision not in spec.precisions:
         raise ValueError(
             f"benchmark.precision={precision} with benchmark.impl={impl}: it trains in "
-            f"{', '.join(spec.precisions)}; use one of those or impl=ours"
+            f"{', '.join(spec.precisions)}; use {'one of those' if len(spec.precisions) > 1 else 'that'} or impl=ours"
         )
     for knob, value in knobs.items():
         if knob not in spec.knobs:
             raise ValueError(
                 f"benchmark.{knob}={value} with benchmark.impl={impl}: the {impl} implementation "
                 f"runs the shared recipe without it; use impl=ours or leave {knob} at its default"
+            )
+    for knob, value, reason in spec.requires:
+        if knobs.get(knob) != value:
+            got = knobs[knob] if knob in knobs else "its default"
+            raise ValueError(
+                f"benchmark.impl={impl} needs benchmark.{knob}={value} (got {got}): {reason}; "
+                f"set it, or use impl=hf or ours"
             )
     why = missing(impl)
     if why:

@@ -108,6 +108,12 @@ def check_recipe(b: TrainKnobs, plan: Any) -> None:
 
 def check_recipe_device(b: TrainKnobs, device_type: str) -> str | None:
     """Why this recipe cannot run on ``device_type`` (torch-free), or None."""
+    peer = PEERS.get(b.impl)
+    if peer is not None and device_type not in peer.devices:
+        return (
+            f"benchmark.impl={b.impl} needs {' or '.join(peer.devices)} devices ({peer.device_note}); "
+            f"this job would run on {device_type}: use impl=hf or ours here"
+        )
     if b.fused == "liger" and device_type != "cuda":
         return (
             f"benchmark.fused=liger needs CUDA GPUs (liger-kernel's Triton kernels; its RMSNorm does not run "

@@ -251,5 +251,10 @@ def run_training(job: TrainJob, *, rank: int, device: torch.device, job_dir: Pat
         "files": files,
         "cp": cp.describe() if cp else None,
         "pp_bubble": trainer.bubble(),
-        "recipe": {**describe(opts, device=device), "tokens_per_step": step_tokens},
+        # a peer may say what it applied (recipe_notes: e.g. the plugins and the patches they made)
+        "recipe": {
+            **describe(opts, device=device),
+            **getattr(trainer, "recipe_notes", {}),
+            "tokens_per_step": step_tokens,
+        },
     }

@@ -170,14 +170,23 @@ def test_packed_attention_that_crosses_documents_is_caught() -> None:
 
 BASE = ["benchmark=train", "model=tiny", "backend=gloo", "parallelism=tp1"]
 BAD = {
-    "impl": (["benchmark.impl=nope"], "benchmark.impl='nope'; valid: hf, ours"),
+    "impl": (["benchmark.impl=nope"], "benchmark.impl='nope'; valid: fms_foak, fms_peft, hf, ours"),
     "hf_tp": (["benchmark.impl=hf", "parallelism=tp2"], "benchmark.impl=hf with parallelism tp=2 pp=1 cp=1"),
     "hf_quant": (["benchmark.impl=hf", "benchmark.lora_rank=8", "benchmark.quant=nf4"],
                  "benchmark.quant=nf4 with benchmark.impl=hf"),
     "hf_ac": (["benchmark.impl=hf", "benchmark.ac=selective"], "benchmark.ac=selective with benchmark.impl=hf"),
     "fused_mixed": (["benchmark.fused=liger", "benchmark.precision=mixed"],
                     "benchmark.fused=liger with benchmark.precision=mixed"),
-    "fms_foak": (["benchmark.impl=fms_foak"], "benchmark.impl=fms_foak (fms-acceleration-foak) is not an"),
+    "fms_peft_quant": (["benchmark.impl=fms_peft", "benchmark.precision=bf16"],
+                       "benchmark.impl=fms_peft needs benchmark.quant=nf4 (got its default)"),
+    "fms_peft_dp": (["benchmark.impl=fms_peft", "benchmark.precision=bf16", "benchmark.quant=nf4",
+                     "benchmark.dp_shard=ddp", "parallelism=dp2"], "benchmark.impl=fms_peft with parallelism dp=2"),
+    "fms_peft_fp32": (["benchmark.impl=fms_peft", "benchmark.quant=nf4"],
+                      "benchmark.precision=fp32 with benchmark.impl=fms_peft: it trains in bf16; use that"),
+    "fms_foak_cpu": (["benchmark.impl=fms_foak", "benchmark.precision=bf16"],
+                     "benchmark.impl=fms_foak needs cuda devices (its fused kernels are Triton kernels"),
+    "fms_foak_kept": (["benchmark.impl=fms_foak", "benchmark.precision=bf16", "launch.keep_ranks=true"],
+                      "launch.keep_ranks=true with benchmark.impl=fms_foak: its plugin patches transformers'"),
     "quant_full": (["benchmark.quant=nf4"], "benchmark.quant=nf4 needs LoRA (benchmark.lora_rank > 0, got 0)"),
     "quant_fsdp": (["benchmark.quant=nf4", "benchmark.lora_rank=8", "parallelism=dp2"],
                    "benchmark.quant=nf4 with benchmark.dp_shard=fsdp cannot be composed"),
@@ -195,6 +204,17 @@ def test_recipe_refused_in_one_line(case: str, compose: Any) -> None:
     overrides, message = BAD[case]
     text = refusal(compose, *BASE, *overrides)
     assert text.startswith(message), text
+
+
+def test_a_peer_that_patches_its_process_never_keeps_its_rank(compose: Any) -> None:
+    """fms_foak's plugin patches transformers' llama module for the life of its process: its job
+    never leaves its rank to the sweep's next job, where fms_peft's (which patches nothing) may."""
+    from sweepbench.benchmarks.train import TrainBenchmark
+
+    cfg = compose(*BASE, "benchmark.precision=bf16", "benchmark.quant=nf4")
+    assert TrainBenchmark.keeps_ranks_for(compose(*BASE, "benchmark.impl=fms_peft", "benchmark.quant=nf4"))
+    assert TrainBenchmark.keeps_ranks_for(cfg)  # ours
+    assert not TrainBenchmark.keeps_ranks_for(compose(*BASE, "benchmark.impl=fms_foak"))
 
 
 def test_liger_on_cpu_exits_2_before_ranks(tmp_path: Any) -> None:

@@ -22,6 +22,8 @@ GRIDS = {
     "fms_padding_free": {"benchmark.padding_free": ["true", "false"], "benchmark.impl": ["ours", "hf"]},
 }
 HF_BASELINE = ["benchmark.impl=hf", "benchmark.quant=none"]  # joins fms_peft_bnb's sweep dir
+# fms-acceleration-peft's bitsandbytes plugin as a peer (bf16: the plugin trains in mixed precision)
+FMS_PEFT = ["benchmark.impl=fms_peft", "benchmark.quant=nf4", "benchmark.precision=bf16"]
 TWIN_ONLY = {"fms_padding_free": ["benchmark.impl=ours"]}
 LIGER_NOTE = "no: benchmark.fused=liger needs CUDA GPUs"
 
@@ -114,6 +116,8 @@ def twins(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SweepRun]:
                              sweep_dir=root / p, timeout=600) for p in GRIDS}
     out["hf_baseline"] = run_sweepbench(["experiment=fms_peft_bnb_cpu", *HF_BASELINE, "wandb.mode=disabled"],
                                         sweep_dir=root / "fms_peft_bnb", timeout=600)
+    out["fms_peft"] = run_sweepbench(["experiment=fms_peft_bnb_cpu", *FMS_PEFT, "wandb.mode=disabled"],
+                                     sweep_dir=root / "fms_peft_bnb", timeout=600)
     return out
 
 
@@ -138,9 +142,32 @@ def test_peft_bnb_twin_nf4_beside_both_bf16_loras(twins: dict[str, SweepRun], co
         m = run.metrics(_tag(compose, "experiment=fms_peft_bnb_cpu", *job))
         _verified(m)
         assert m["results"]["num_trainable"] < m["results"]["num_params"]  # LoRA: adapters only
-    rows = _rows(run)  # the hf baseline joined the same results.csv
-    assert sorted((r["impl"], r["quant"]) for r in rows) == [("hf", "none"), ("ours", "nf4"), ("ours", "none")]
+    rows = _rows(run)  # the hf baseline and the fms-acceleration peer joined the same results.csv
+    assert sorted((r["impl"], r["quant"]) for r in rows) == [
+        ("fms_peft", "nf4"), ("hf", "none"), ("ours", "nf4"), ("ours", "none")]
     assert all(r["status"] == "ok" for r in rows)
+
+
+def test_fms_peft_peer_loads_a_4bit_base_through_its_plugin_and_matches_our_reference(
+        twins: dict[str, SweepRun], compose: Any) -> None:
+    """fms-acceleration-peft's bitsandbytes plugin loads a checkpoint of our initial weights in NF4
+    (every block linear a bitsandbytes Linear4bit) and installs peft's LoRA; its first steps match
+    our reference over the same weights rounded through NF4 (bf16, HF's S-1 predictions a row), and
+    it trains the adapters alone, as many as ours."""
+    assert twins["fms_peft"].rc == 0, twins["fms_peft"].describe()
+    run = twins["fms_peft_bnb"]
+    m = run.metrics(_tag(compose, "experiment=fms_peft_bnb_cpu", *FMS_PEFT))
+    assert m["status"] == "ok" and m["verified"], m.get("error")
+    v, recipe = m["results"]["verification"], m["results"]["recipe"]
+    assert v["max_rel_err"] < 5e-3 and abs(v["grad_norm"] / v["reference_grad_norm"] - 1) < 2e-2, v
+    assert recipe["fms_plugins"] == {"peft": {"quantization": {"bitsandbytes": {"quant_type": "nf4",
+                                                                                 "no_peft_model": False}}}}
+    cfg = compose("benchmark=train", "experiment=fms_peft_bnb_cpu")
+    assert recipe["fms_4bit_linears"] == 7 * cfg.model.num_layers  # q, k, v, o, gate, up, down
+    ours = run.metrics(_tag(compose, "experiment=fms_peft_bnb_cpu", "benchmark.impl=ours", "benchmark.quant=nf4"))
+    assert m["results"]["num_trainable"] == ours["results"]["num_trainable"]
+    losses = m["results"]["cases"][0]["loss_per_step"]
+    assert sum(losses[-3:]) / 3 < losses[0]
 
 
 def test_foak_twin_runs_unfused_and_skips_liger_in_one_line_each(twins: dict[str, SweepRun], compose: Any) -> None:
