@@ -6,11 +6,13 @@ baseline (``benchmark.impl=ours,hf,fms_peft,fms_foak``).
 - ``fms_peft``: fms-acceleration-peft's bitsandbytes plugin, as its sample configuration
   ``accelerated-peft-bnb-nf4`` sets it: the base loaded in 4-bit NF4 with double-quantized scales
   (bf16 compute), prepared for k-bit training without upcasting, peft's LoRA installed by the
-  plugin (its adapters in fp32, as peft keeps them).
+  plugin (its adapters in fp32, as peft keeps them), the forward under bf16 autocast as
+  transformers' Trainer runs it with ``bf16=True``.
 - ``fms_foak``: the same plus fms-acceleration-foak's fused ops and kernels
   (``accelerated-peft-bnb-nf4-foak``: fast cross-entropy, RMSNorm and RoPE; its fused LoRA over
   the 4-bit base is off, see FOAK_BNB); on a bf16 base (``quant=none``) its ``foak-fast-kernels``
-  configuration (the same three) on a full fine-tune or on peft's LoRA.
+  configuration (the same three) on a full fine-tune or on peft's LoRA (fp32 adapters, as SFTTrainer
+  installs them).
 
 The sequence, per job: the framework from the plugin configuration; the model from the framework's
 loader where a plugin loads it (our initial weights, mapped to HF's names, written as a checkpoint
@@ -124,8 +126,8 @@ class FmsPeftTrainer(HFTrainer):
         ModelPatcher.history.clear()
         lora = lora_config(opts) if opts.lora_rank else None
         model, (lora,) = framework.augmentation(model, args, modifiable_args=(lora,))
-        if lora is not None:  # no plugin installed it: peft as the HF peer does
-            model = get_peft_model(model, lora, autocast_adapter_dtype=False)
+        if lora is not None:  # no plugin installed it: peft as SFTTrainer installs it (fp32 adapters)
+            model = get_peft_model(model, lora)
         framework.get_callbacks_and_ready_for_train(model, None)
         load_ours(model, weights, loaded=loaded)  # a base loaded from the checkpoint holds ours already
         # what the job ran, for its record: the plugins' configuration and the patch rules applied
@@ -138,9 +140,12 @@ class FmsPeftTrainer(HFTrainer):
 
     def micro_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The model's own loss (its fast loss where a plugin patched it in): labels are the targets
-        moved one place right, as transformers shifts them back inside."""
+        moved one place right, as transformers shifts them back inside. Under bf16 autocast, as
+        transformers' Trainer runs the forward with ``bf16=True`` (which the plugins require): the
+        fp32 adapters then compute in bf16, as for their users."""
         labels = torch.cat([torch.full_like(y[:, :1], IGNORE), y[:, :-1]], dim=1)
-        return self.model(input_ids=x, labels=labels, use_cache=False).loss
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            return self.model(input_ids=x, labels=labels, use_cache=False).loss
 
 
 @IMPLS.register("fms_foak")
