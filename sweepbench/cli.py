@@ -152,8 +152,11 @@ def main() -> None:
         print(help_page())
         return
     check_internal_choices(sys.argv[1:])
-    # until a local sweep installs its own handlers (launch.interrupt), SIGTERM stops it as Ctrl-C does
+    # until a local sweep installs its own handlers (launch.interrupt), SIGTERM stops it as Ctrl-C does;
+    # and Ctrl-C stops it even where it started with SIGINT ignored (a background job of a shell
+    # script inherits that), as it does once those handlers are in place
     signal.signal(signal.SIGTERM, _stop_early)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     register_sweeper()
     store_schemas()
     load_all()
