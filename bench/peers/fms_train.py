@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import os
 import statistics
 import sys
 import tempfile
@@ -108,12 +107,13 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, str(ROOT))
     from sweepbench.parallel.specs import ModelShape
     from sweepbench.train.data import SyntheticTask
-    from sweepbench.train.fms_peer import FmsFoakTrainer, FmsPeftTrainer
+    from sweepbench.record.atomic import write_atomic
+    from sweepbench.train.impls import IMPLS
     from sweepbench.train.config import TrainKnobs
     from sweepbench.train.hf_peer import hf_model, lora_config
     from sweepbench.train.run import lora_lr
 
-    plugins = {"fms_peft": FmsPeftTrainer, "fms_foak": FmsFoakTrainer}[a.plugin].plugins(a.quant)
+    plugins = IMPLS.get(a.plugin).plugins(a.quant)  # the peer's own sample configuration
     shape = ModelShape.from_config(yaml.safe_load((ROOT / "conf" / "model" / f"{a.model}.yaml").read_text()))
     device = torch.device(a.device)
     torch.manual_seed(a.seed)
@@ -213,17 +213,14 @@ def main(argv: list[str]) -> int:
         f"{losses[0]:.4f} -> {losses[-1]:.4f}, peak allocated {peak:.2f} GiB, {linears_4bit} 4-bit linears, patches: {row['patches'] or 'none'}"
     )
     if a.out:
-        new = not a.out.exists()
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp_out = a.out.with_name(a.out.name + ".tmp")
-        text = a.out.read_text() if not new else ""
-        with open(tmp_out, "w", newline="") as fh:
-            fh.write(text)
-            w = csv.DictWriter(fh, fieldnames=COLUMNS)
-            if new:
-                w.writeheader()
-            w.writerow(row)
-        os.replace(tmp_out, a.out)
+        import io
+
+        text = io.StringIO()
+        w = csv.DictWriter(text, fieldnames=COLUMNS)
+        if not a.out.exists():
+            w.writeheader()
+        w.writerow(row)
+        write_atomic(a.out, (a.out.read_text() if a.out.exists() else "") + text.getvalue())
     return 0
 
 
