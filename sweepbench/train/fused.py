@@ -1,7 +1,8 @@
 """Fused kernels as a recipe knob: ``fused=liger`` runs liger-kernel's Triton kernels in our decoder,
-as fms-acceleration's fused-ops plugin does in an HF model: RMSNorm, SwiGLU's silu(a)*b, RoPE, and
-the fused linear cross-entropy (the output projection and the loss in chunks: the [tokens, vocab]
-logits are never materialised).
+as fms-acceleration's fused-ops plugin does in an HF model: RMSNorm (in each block, the attention's
+residual add and the feed-forward's RMSNorm as one kernel), SwiGLU's silu(a)*b, RoPE, and the fused
+linear cross-entropy (the output projection and the loss in chunks: the [tokens, vocab] logits are
+never materialised; see :func:`chunk_mem_const` for the chunks' size).
 
 Liger's RoPE rotates HF's rotate-half pairs (i, i+D/2) where ours rotates interleaved pairs
 (2i, 2i+1); :func:`apply` reorders the rows of each head of wq and wk (and their LoRA B) once,
@@ -14,7 +15,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sweepbench.train.model import Attention, FeedForward, LoRALinear, Transformer
+from sweepbench.train.model import Attention, Block, FeedForward, LoRALinear, Transformer
+
+# rows of a loss chunk that keep its GEMMs efficient: the input's gradient of a chunk is a
+# [rows, hidden] product over the whole vocabulary, a single wave of tiles at 2048 rows on a GPU of
+# about 132 SMs; at 512 rows it needs split-K, and a trained output weight's gradient is read and
+# written once a chunk
+CHUNK_ROWS = 2048
 
 
 def to_rotate_half(w: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -41,11 +48,35 @@ class LigerFeedForward(FeedForward):
         return self.w2(liger_swiglu(self.w1(x), self.w3(x)))
 
 
+class LigerBlock(Block):
+    """The block with the attention's residual add and the feed-forward's RMSNorm as one liger kernel
+    (forward: the sum and its norm; backward: the norm's gradient plus the residual's)."""
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        from liger_kernel.transformers.functional import liger_fused_add_rms_norm
+
+        norm = self.ffn_norm
+        a = self.attention(self.attention_norm(x), cos, sin)
+        n, h = liger_fused_add_rms_norm(a, x, norm.weight, norm.variance_epsilon, in_place=False)
+        return h + self.feed_forward(n)
+
+
+def chunk_mem_const(tokens: int, hidden: int, vocab: int) -> int:
+    """liger's ``chunk_mem_const`` (a chunk's logits hold at most about that many times tokens x
+    hidden elements) for chunks of :data:`CHUNK_ROWS` rows where the vocabulary is large against the
+    hidden size (liger's default, 1, gives 512-row chunks at hidden 2048 and vocabulary 128256): a
+    constant whose chunks reach that many rows, or cover the tokens; 1 where liger's already do."""
+    chunks = -(-tokens // CHUNK_ROWS)  # how many chunks of CHUNK_ROWS rows the tokens fill
+    return max(1, -(-vocab // (hidden * chunks)))
+
+
 def fused_cross_entropy(weight: torch.Tensor, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean token loss of ``h @ weight^T`` against ``targets`` without the logits (-100 ignored)."""
     from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
-    return liger_fused_linear_cross_entropy(h.flatten(0, 1), weight, targets.flatten())
+    rows = h.flatten(0, 1)
+    const = chunk_mem_const(rows.shape[0], rows.shape[1], weight.shape[0])
+    return liger_fused_linear_cross_entropy(rows, weight, targets.flatten(), chunk_mem_const=const)
 
 
 @torch.no_grad()
@@ -64,6 +95,8 @@ def apply(model: Transformer, fused: str) -> None:
                 setattr(module, name, norm)
     for ffn in [m for m in model.modules() if isinstance(m, FeedForward)]:
         ffn.__class__ = LigerFeedForward
+    for block in [m for m in model.modules() if type(m) is Block]:
+        block.__class__ = LigerBlock
     for att in [m for m in model.modules() if isinstance(m, Attention)]:
         att.rope_fn = liger_rope
         for proj in (att.wq, att.wk):

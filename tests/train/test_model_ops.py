@@ -136,3 +136,23 @@ def test_lora_layers_leave_the_input_without_a_gradient_where_it_needs_none() ->
         assert m.lora_a.grad is not None and m.lora_b.grad is not None and m.weight.grad is None
     # the updates added in the forward, and no [tokens, in] product for dx in the backward
     assert counted.ops["aten.addmm_"] == 2, counted.ops
+
+
+@pytest.mark.parametrize(
+    ("tokens", "hidden", "vocab", "rows"),
+    [
+        (16384, 2048, 128256, 2048),  # Llama-3.2-1B at 4 x 4096: liger's default chunks are 512 rows
+        (16384, 4096, 32000, 2048),  # Mistral-7B: liger's default already gives 2048 rows (constant 1)
+        (4096, 2048, 128256, 2048),
+        (300, 64, 512, 300),  # fewer tokens than a chunk: one chunk covers them
+    ],
+)
+def test_loss_chunks_reach_their_rows_or_cover_the_tokens(tokens: int, hidden: int, vocab: int, rows: int) -> None:
+    """The fused cross-entropy's chunk constant, put through liger's own chunk arithmetic (the
+    smallest power of two at least tokens / ceil(vocab / (const x hidden)), at most the tokens)."""
+    from sweepbench.train.fused import chunk_mem_const
+
+    const = chunk_mem_const(tokens, hidden, vocab)
+    per = -(-tokens // -(-vocab // (const * hidden)))
+    chunk = min(1 << (per - 1).bit_length(), tokens)
+    assert chunk == rows, (const, chunk)
