@@ -20,7 +20,9 @@ sweepbench; the model, the plugins and the training loop are transformers' and f
 
 Timed by a TrainerCallback: each optimizer step from ``on_step_begin`` to ``on_step_end``, the
 device synchronised at both (the Trainer's own loop between them: forward, backward, clipping,
-optimizer step, zero_grad). Prints the median tokens/s of the steps after --warmup, the first and
+optimizer step, zero_grad). ``--profile DIR`` runs 4 more steps after those and keeps the last 3
+under torch.profiler (a Chrome trace in DIR, as the harness's ``benchmark.profile=true`` keeps steps
+after its timed ones; ``bench/gpu/trace_top.py`` compares the two). Prints the median tokens/s of the steps after --warmup, the first and
 last losses the Trainer logged (finite, the mean of the last three below the first: the steps
 trained), and the
 allocator's peak; --out gets a CSV row. ``--device cpu`` runs it at tiny size (the bitsandbytes plugin
@@ -38,6 +40,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+PROFILED = 4  # steps after the timed ones with --profile: 1 warm-up of the profiler, 3 kept
 COLUMNS = [
     "plugin",
     "model",
@@ -74,6 +77,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--out", type=Path, help="append a CSV row here")
+    p.add_argument("--profile", type=Path, help="profile 3 steps after the timed ones into this folder")
     a = p.parse_args(argv)
     errors = []
     if a.plugin not in ("fms_peft", "fms_foak"):
@@ -118,7 +122,7 @@ def main(argv: list[str]) -> int:
     device = torch.device(a.device)
     torch.manual_seed(a.seed)
     task = SyntheticTask(vocab_size=shape.vocab_size, seq_len=a.seq_len, global_batch=a.micro_batch, seed=a.seed)
-    rows = [x for s in range(a.steps) for x in task.batch(s)[0]]
+    rows = [x for s in range(a.steps + (PROFILED if a.profile else 0)) for x in task.batch(s)[0]]
     dataset = [{"input_ids": x, "labels": x} for x in rows]
 
     with tempfile.TemporaryDirectory(prefix="fms-twin-") as tmp:
@@ -138,7 +142,7 @@ def main(argv: list[str]) -> int:
         args = TrainingArguments(
             output_dir=str(folder / "out"),
             per_device_train_batch_size=a.micro_batch,
-            max_steps=a.steps,
+            max_steps=a.steps + (PROFILED if a.profile else 0),
             learning_rate=a.lr or lora_lr(TrainKnobs(lora_rank=a.lora_rank), shape.hidden_size),
             lr_scheduler_type="constant",
             optim="adamw_torch_fused",
@@ -167,7 +171,36 @@ def main(argv: list[str]) -> int:
                     torch.cuda.synchronize()
                 times.append(time.perf_counter() - self.t0)
 
-        trainer = Trainer(model=model, args=args, train_dataset=dataset, callbacks=[StepTimes()])
+        class Profile(TrainerCallback):  # type: ignore[misc]
+            """torch.profiler over the steps after the timed ones: 1 warm-up, then the rest active."""
+
+            prof: object = None
+
+            def on_step_begin(self, _: object, state: object, *__: object, **___: object) -> None:
+                if a.profile and self.prof is None and getattr(state, "global_step") == a.steps:
+                    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+                    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+                    self.prof = profile(
+                        activities=acts,
+                        schedule=schedule(wait=0, warmup=1, active=PROFILED - 1, repeat=1),
+                        on_trace_ready=tensorboard_trace_handler(str(a.profile), worker_name="twin", use_gzip=True),
+                    )
+                    self.prof.__enter__()
+                if self.prof is not None:  # the step as the timer sees it, for trace_top's --step-name
+                    self.mark = torch.profiler.record_function("trainer_step")
+                    self.mark.__enter__()
+
+            def on_step_end(self, *_: object, **__: object) -> None:
+                if self.prof is not None:
+                    self.mark.__exit__(None, None, None)
+                    self.prof.step()
+
+            def on_train_end(self, *_: object, **__: object) -> None:
+                if self.prof is not None:
+                    self.prof.__exit__(None, None, None)
+
+        trainer = Trainer(model=model, args=args, train_dataset=dataset, callbacks=[StepTimes(), Profile()])
         for callback in framework.get_callbacks_and_ready_for_train(model, trainer.accelerator):
             trainer.add_callback(callback)
         if device.type == "cuda":
@@ -180,7 +213,7 @@ def main(argv: list[str]) -> int:
 
     from fms_acceleration.model_patcher import ModelPatcher
 
-    timed = times[a.warmup :]
+    timed = times[a.warmup : a.steps]
     median = statistics.median(timed)
     tokens = a.micro_batch * a.seq_len
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")

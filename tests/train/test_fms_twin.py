@@ -5,6 +5,8 @@ and the Trainer trains the adapters (foak's Triton kernels need CUDA: refused in
 from __future__ import annotations
 
 import csv
+import gzip
+import json
 import math
 import subprocess
 import sys
@@ -25,7 +27,8 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_trainer_trains_the_plugins_4bit_lora_and_writes_its_row(tmp_path: Path) -> None:
     out = tmp_path / "twin" / "fms.csv"
-    proc = _run(tmp_path, "--plugin", "fms_peft", "--quant", "nf4", *TINY, "--out", str(out))
+    prof = tmp_path / "profile"
+    proc = _run(tmp_path, "--plugin", "fms_peft", "--quant", "nf4", *TINY, "--out", str(out), "--profile", str(prof))
     assert proc.returncode == 0, proc.stderr[-3000:]
     (row,) = list(csv.DictReader(out.open()))
     layers = yaml.safe_load((ROOT / "conf" / "model" / "tiny.yaml").read_text())["num_layers"]
@@ -37,6 +40,13 @@ def test_trainer_trains_the_plugins_4bit_lora_and_writes_its_row(tmp_path: Path)
     assert math.isfinite(float(row["loss_first"])) and math.isfinite(float(row["loss_last"]))
     assert row["patches"] == ""  # the bitsandbytes plugin patches nothing
     assert "fms_train fms_peft tiny quant=nf4 lora=8" in proc.stdout
+    # --profile: 4 more steps, the last 3 in a Chrome trace, each marked as the timer sees it; the
+    # row's steps stay the timed ones
+    (trace,) = prof.glob("twin.*.pt.trace.json.gz")
+    events = json.load(gzip.open(trace))["traceEvents"]
+    marks = [e for e in events if e.get("name") == "trainer_step" and e.get("cat") == "user_annotation"]
+    assert len(marks) == 3 and all(e["dur"] > 0 for e in marks)
+    assert sum(e.get("cat") == "cpu_op" and e["name"] == "aten::mm" for e in events) > 0
 
 
 def test_bad_input_one_line(tmp_path: Path) -> None:
