@@ -82,7 +82,7 @@ def per_step(path: str, min_gap_us: float, step_name: str) -> dict:
     starts = np.array([e["ts"] for e in ops], dtype=float)
     ends = starts + np.array([e["dur"] for e in ops], dtype=float)
     names = [str(e["name"])[:80] for e in ops]
-    families, by_name, host = Counter(), Counter(), Counter()
+    families, by_name, host, sized = Counter(), Counter(), Counter(), Counter()
     total = {"span": 0.0, "busy": 0.0, "gap_time": 0.0, "gaps": 0, "kernels": 0, "range": 0.0, "lead": 0.0, "tail": 0.0}
     for r0, r1 in ranges:
         mine = [k for k in kernels if r0 <= launch.get(k.get("args", {}).get("correlation"), -1) < r1]
@@ -101,6 +101,7 @@ def per_step(path: str, min_gap_us: float, step_name: str) -> dict:
         for e in mine:
             families[family(e["name"])] += e["dur"]
             by_name[e["name"][:100]] += e["dur"]
+            sized[(e["name"][:100], str(e.get("args", {}).get("grid")))] += 1
         for g0, g1 in gaps:
             overlap = np.minimum(g1, ends) - np.maximum(g0, starts)
             for i in np.nonzero(overlap > 0)[0]:
@@ -115,6 +116,7 @@ def per_step(path: str, min_gap_us: float, step_name: str) -> dict:
         "gap_time": total["gap_time"] / n,
         "families": {k: v / n for k, v in families.items()},
         "names": {k: v / n for k, v in by_name.items()},
+        "launches": {k: v / n for k, v in sized.items()},
         "host": {k: v / n for k, v in host.items()},
         "kernels": total["kernels"] / n,
         "range": total["range"] / n,
@@ -144,6 +146,12 @@ def side_by_side(a_path: str, b_path: str, top: int, min_gap_us: float, names: t
     for k in sorted(diff, key=lambda k: -abs(diff[k]))[:top]:
         x, y = a["names"].get(k, 0), b["names"].get(k, 0)
         print(f"  {x / 1e3:9.2f} {y / 1e3:9.2f} {(x - y) / 1e3:9.2f}  {k}")
+    print("launches a step of those kernels, by grid, where the two differ:")
+    for k in sorted(diff, key=lambda k: -abs(diff[k]))[:top]:
+        for (name, grid), x in sorted(a["launches"].items()):
+            y = b["launches"].get((name, grid), 0)
+            if name == k and x != y:
+                print(f"  {x:9.1f} {y:9.1f}  grid {grid}  {name[:60]}")
     for name, d in (("A", a), ("B", b)):
         print(f"host ops overlapping {name}'s idle gaps (ms per step, nested ops each counted):")
         for op, us in Counter(d["host"]).most_common(top):
