@@ -4,6 +4,7 @@ step (kernel time by family, the GPU's idle time, and what the host ran while th
 
     python bench/gpu/trace_top.py JOB_DIR/profile/rank0.*.pt.trace.json.gz [--top 25]
     python bench/gpu/trace_top.py TWIN.pt.trace.json.gz --against PEER.pt.trace.json.gz [--top 12]
+    python bench/gpu/trace_top.py JOB.pt.trace.json.gz --gaps --min-gap-us 80   # where each step idles
 
 Per step: the kernels the step's host part launched (its ``ProfilerStep#N`` range, or the annotation
 ``--step-name`` names: the fms twin marks each Trainer step ``trainer_step``), their span on the GPU
@@ -158,6 +159,33 @@ def side_by_side(a_path: str, b_path: str, top: int, min_gap_us: float, names: t
             print(f"  {us / 1e3:9.2f}  {op}")
 
 
+def print_gaps(path: str, min_gap_us: float, step_name: str) -> None:
+    """Each profiled step's idle gaps of at least ``min_gap_us`` within the GPU work it launched: where
+    in the step (ms after its first kernel started), how long, the kernel that ended the wait, and the
+    innermost host ops running meanwhile."""
+    events = json.load(gzip.open(path))["traceEvents"]
+    launch = {
+        e["args"]["correlation"]: e["ts"]
+        for e in events
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
+    }
+    kernels = sorted((e for e in events if e.get("cat") == "kernel" and "dur" in e), key=lambda e: e["ts"])
+    ops = [e for e in events if e.get("cat") in ("cpu_op", "cuda_runtime", "cuda_driver") and "dur" in e]
+    for i, (r0, r1) in enumerate(step_ranges(events, step_name)):
+        mine = [k for k in kernels if r0 <= launch.get(k.get("args", {}).get("correlation"), -1) < r1]
+        if not mine:
+            continue
+        first = mine[0]["ts"]
+        print(f"step {i + 1}: gaps >= {min_gap_us:.0f} us in its GPU work (ms into it, us, the kernel after, host ops)")
+        end = mine[0]["ts"] + mine[0]["dur"]
+        for k in mine[1:]:
+            if k["ts"] - end >= min_gap_us:
+                inner = sorted((o for o in ops if o["ts"] < k["ts"] and o["ts"] + o["dur"] > end), key=lambda o: o["dur"])
+                host = ", ".join(dict.fromkeys(str(o["name"])[:28] for o in inner[:4]))
+                print(f"  {(end - first) / 1e3:8.2f} {k['ts'] - end:7.0f}  {k['name'][:44]:44s}  {host}")
+            end = max(end, k["ts"] + k["dur"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("trace")
@@ -166,6 +194,7 @@ def main() -> None:
     parser.add_argument("--min-gap-us", type=float, default=50.0, help="with --against: idle gaps counted from")
     parser.add_argument("--step-name", default="ProfilerStep#*", help="with --against: the first trace's step annotation")
     parser.add_argument("--against-step-name", default="ProfilerStep#*", help="the second trace's step annotation")
+    parser.add_argument("--gaps", action="store_true", help="list each step's idle gaps of at least --min-gap-us")
     args = parser.parse_args()
     if args.against:
         side_by_side(args.trace, args.against, args.top, args.min_gap_us, (args.step_name, args.against_step_name))
@@ -186,6 +215,8 @@ def main() -> None:
     print(f"top {args.top} kernels:")
     for name, dur in by_name.most_common(args.top):
         print(f"  {dur / total:6.1%}  {dur / 1e3:9.1f} ms  {name}")
+    if args.gaps:
+        print_gaps(args.trace, args.min_gap_us, args.step_name)
 
 
 if __name__ == "__main__":
