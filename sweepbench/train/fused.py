@@ -1,8 +1,9 @@
 """Fused kernels as a recipe knob: ``fused=liger`` runs liger-kernel's Triton kernels in our decoder,
-as fms-acceleration's fused-ops plugin does in an HF model: RMSNorm (in each block, the attention's
-residual add and the feed-forward's RMSNorm as one kernel), SwiGLU's silu(a)*b, RoPE, and the fused
-linear cross-entropy (the output projection and the loss in chunks: the [tokens, vocab] logits are
-never materialised; see :func:`chunk_mem_const` for the chunks' size).
+as fms-acceleration's fused-ops plugin does in an HF model: RMSNorm (each residual add and the
+RMSNorm that reads its sum as one fused add + RMSNorm kernel, the stream carried between blocks as
+(residual, update)), SwiGLU's silu(a)*b, RoPE, and the fused linear cross-entropy (the output
+projection and the loss in chunks: the [tokens, vocab] logits are never materialised; see
+:func:`chunk_mem_const` for the chunks' size; its backward without a host synchronisation).
 
 Liger's RoPE rotates HF's rotate-half pairs (i, i+D/2) where ours rotates interleaved pairs
 (2i, 2i+1); :func:`apply` reorders the rows of each head of wq and wk (and their LoRA B) once,
@@ -12,10 +13,12 @@ Liger needs Triton on CUDA (its RMSNorm does not run under Triton's CPU interpre
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
-from sweepbench.train.model import Attention, Block, FeedForward, LoRALinear, Transformer
+from sweepbench.train.model import Attention, Block, FeedForward, LoRALinear, Transformer, frozen_group
 
 # rows of a loss chunk that keep its GEMMs efficient: the input's gradient of a chunk is a
 # [rows, hidden] product over the whole vocabulary, a single wave of tiles at 2048 rows on a GPU of
@@ -30,35 +33,68 @@ def to_rotate_half(w: torch.Tensor, head_dim: int) -> torch.Tensor:
     return w.reshape(out // head_dim, head_dim // 2, 2, *rest).transpose(1, 2).reshape(out, *rest)
 
 
-def liger_rope(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """q, k: [B, S, H, D]; cos/sin: [S, D/2] (ours) -> liger's [1, S, D] rotate-half tables."""
-    from liger_kernel.transformers.functional import liger_rope as rope
+class LigerRope:
+    """liger's RoPE as an attention's ``rope_fn``: q, k: [B, S, H, D]; cos/sin: [S, D/2] (ours),
+    made liger's [S, D] rotate-half tables once per tables and dtype (one instance serves every
+    layer: their tables are the same tensors), where each layer made its own each step."""
 
-    cos, sin = (torch.cat((t, t), dim=-1).to(q.dtype) for t in (cos, sin))
-    q2, k2 = rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-    return q2.transpose(1, 2), k2.transpose(1, 2)
+    def __init__(self) -> None:
+        self._kept: tuple[torch.Tensor, torch.dtype, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        from liger_kernel.transformers.functional import liger_rope as rope
+
+        if self._kept is None or self._kept[0] is not cos or self._kept[1] != q.dtype:
+            tables = (torch.cat((cos, cos), dim=-1).to(q.dtype), torch.cat((sin, sin), dim=-1).to(q.dtype))
+            self._kept = (cos, q.dtype, tables)
+        q2, k2 = rope(q.transpose(1, 2), k.transpose(1, 2), *self._kept[2])
+        return q2.transpose(1, 2), k2.transpose(1, 2)
 
 
 class LigerFeedForward(FeedForward):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from liger_kernel.transformers.functional import liger_swiglu
 
-        return self.w2(liger_swiglu(self.w1(x), self.w3(x)))
+        return self.w2(liger_swiglu(*frozen_group(x, [self.w1, self.w3])))
 
 
 class LigerBlock(Block):
-    """The block with the attention's residual add and the feed-forward's RMSNorm as one liger kernel
-    (forward: the sum and its norm; backward: the norm's gradient plus the residual's)."""
+    """The block on a residual stream carried as (residual, update): each residual add is liger's
+    fused add + RMSNorm with the norm that reads its sum (forward: the sum and its norm in one kernel;
+    backward: the norm's gradient plus the residual's). Returns (residual, update) for the next block
+    (:class:`LigerTransformer`) to add; ``update`` None: ``x`` is the whole stream (the first block)."""
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        from liger_kernel.transformers.functional import liger_fused_add_rms_norm
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, update: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if update is None:
+            n = self.attention_norm(x)
+        else:
+            n, x = add_norm(update, x, self.attention_norm)
+        n, h = add_norm(self.attention(n, cos, sin), x, self.ffn_norm)
+        return h, self.feed_forward(n)
 
-        norm = self.ffn_norm
-        a = self.attention(self.attention_norm(x), cos, sin)
-        n, h = liger_fused_add_rms_norm(a, x, norm.weight, norm.variance_epsilon, in_place=False)
-        return h + self.feed_forward(n)
+
+def add_norm(update: torch.Tensor, residual: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(residual + update), residual + update) as one liger kernel, ``norm`` a LigerRMSNorm."""
+    from liger_kernel.transformers.functional import liger_fused_add_rms_norm
+
+    return liger_fused_add_rms_norm(update, residual, norm.weight, norm.variance_epsilon, in_place=False)
+
+
+class LigerTransformer(Transformer):
+    """The decoder over :class:`LigerBlock` s: the stream passed between blocks as (residual, update),
+    the last update added by the final norm's fused add + RMSNorm."""
+
+    def run_blocks(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        update = None
+        for layer in self.layers.values():
+            h, update = layer(h, cos, sin, update)
+        if update is None:
+            return self.norm(h) if self.norm is not None else h
+        return add_norm(update, h, self.norm)[0] if self.norm is not None else h + update
 
 
 def chunk_mem_const(tokens: int, hidden: int, vocab: int) -> int:
@@ -70,13 +106,32 @@ def chunk_mem_const(tokens: int, hidden: int, vocab: int) -> int:
     return max(1, -(-vocab // (hidden * chunks)))
 
 
+class _FusedLoss(torch.autograd.Function):
+    """liger's fused linear cross-entropy: its forward computes the loss and, chunk by chunk, the
+    gradients of the input (and of the output weight where it trains); the backward scales them by
+    the incoming gradient on the device. liger's own backward first compares that gradient with 1.0
+    on the host, a synchronisation that left the GPU idle at the start of every backward."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, const: int) -> torch.Tensor:
+        from liger_kernel.ops.fused_linear_cross_entropy import fused_linear_cross_entropy_forward
+
+        out = fused_linear_cross_entropy_forward(h, weight, targets, chunk_mem_const=const)
+        loss, grad_input, grad_weight = out[0], out[-3], out[-2]  # (loss, ..., grad_input, grad_weight, grad_bias)
+        ctx.save_for_backward(grad_input, grad_weight)
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        grad_input, grad_weight = ctx.saved_tensors
+        return grad_input.mul_(grad), grad_weight.mul_(grad) if grad_weight is not None else None, None, None
+
+
 def fused_cross_entropy(weight: torch.Tensor, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean token loss of ``h @ weight^T`` against ``targets`` without the logits (-100 ignored)."""
-    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
-
     rows = h.flatten(0, 1)
     const = chunk_mem_const(rows.shape[0], rows.shape[1], weight.shape[0])
-    return liger_fused_linear_cross_entropy(rows, weight, targets.flatten(), chunk_mem_const=const)
+    return _FusedLoss.apply(rows, weight, targets.flatten(), const)
 
 
 @torch.no_grad()
@@ -97,8 +152,11 @@ def apply(model: Transformer, fused: str) -> None:
         ffn.__class__ = LigerFeedForward
     for block in [m for m in model.modules() if type(m) is Block]:
         block.__class__ = LigerBlock
+    if type(model) is Transformer:
+        model.__class__ = LigerTransformer
+    rope = LigerRope()
     for att in [m for m in model.modules() if isinstance(m, Attention)]:
-        att.rope_fn = liger_rope
+        att.rope_fn = rope
         for proj in (att.wq, att.wk):
             proj.weight.copy_(to_rotate_half(proj.weight, hd))
             if isinstance(proj, LoRALinear):

@@ -59,52 +59,107 @@ def _fusable(x: torch.Tensor, layers: list[LoRALinear]) -> bool:
 
 class _LoRAGroup(torch.autograd.Function):
     """LoRA layers that read the same input (q, k and v; or one layer), with the update added inside
-    the GEMMs: forward, y_i = x W_i^T, then y_i += s_i (x A_i^T) B_i^T as one addmm into y_i
-    (cuBLAS' beta = 1); backward, dx = g_1 W_1, then every other term (g_i W_i, s_i (g_i B_i) A_i)
-    added into dx by addmm. Unfused, each layer's update was its own output plus an add kernel over
-    the whole output, and dx a sum of 2 per layer whole-size gradients by add kernels. The frozen
-    base weights get no gradient; the same arithmetic as the unfused ops, summed in another order."""
+    the GEMMs: forward, x [A_1; A_2; ...]^T as one GEMM (the input read once for every layer's A),
+    y_i = x W_i^T, then y_i += s_i (x A_i^T) B_i^T as one addmm into y_i (cuBLAS' beta = 1);
+    backward, dx = g_1 W_1 plus every other g_i W_i by addmm, the layers' s_i (g_i B_i) side by side
+    as one [tokens, sum of ranks] matrix, so that the A gradients are one GEMM over the input and
+    their term of dx one addmm. Unfused, each layer's update was its own output plus an add kernel
+    over the whole output, and dx a sum of 2 per layer whole-size gradients by add kernels. The
+    frozen base weights get no gradient; the same arithmetic as the unfused ops, summed in another
+    order."""
 
     @staticmethod
     def forward(
         ctx: Any, x: torch.Tensor, scales: tuple[float, ...], *params: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
         x2 = x.reshape(-1, x.shape[-1])
-        outs, xas = [], []
+        a_all = torch.cat(params[1::3]) if len(scales) > 1 else params[1]  # [sum of ranks, in]
+        xa_all = x2 @ a_all.t()
+        outs, r0 = [], 0
         for i, scale in enumerate(scales):
             weight, a, b = params[3 * i : 3 * i + 3]
-            xa = x2 @ a.t()
+            xa = xa_all[:, r0 : r0 + a.shape[0]]
             outs.append(torch.mm(x2, weight.t()).addmm_(xa, b.t(), alpha=scale).view(*x.shape[:-1], -1))
-            xas.append(xa)
+            r0 += a.shape[0]
         ctx.scales = scales
         ctx.set_materialize_grads(False)  # an unused output's gradient comes as None, not zeros
-        ctx.save_for_backward(x, *xas, *params)
+        ctx.save_for_backward(x, xa_all, a_all, *params)
         return tuple(outs)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-        x, *rest = ctx.saved_tensors
-        n = len(ctx.scales)
-        xas, params = rest[:n], rest[n:]
+        x, xa_all, a_all, *params = ctx.saved_tensors
         x2 = x.reshape(-1, x.shape[-1])
+        n = len(ctx.scales)
         dx: torch.Tensor | None = None
-        param_grads: list[torch.Tensor | None] = []
+        gxas: list[torch.Tensor] = []  # s_i (g_i B_i), zeros where g_i is None
+        grad_bs: list[torch.Tensor | None] = []
+        r0 = 0
         for i, (scale, g) in enumerate(zip(ctx.scales, grads)):
             weight, a, b = params[3 * i : 3 * i + 3]
+            cols = slice(r0, r0 + a.shape[0])
+            r0 += a.shape[0]
             if g is None:  # this output took no part in the loss
-                param_grads += [None, None, None]
+                gxas.append(xa_all.new_zeros(xa_all.shape[0], a.shape[0]))
+                grad_bs.append(None)
                 continue
             g2 = g.reshape(-1, g.shape[-1])
-            gxa = (g2 @ b).mul_(scale)  # [tokens, r]
-            grad_b = (g2.t() @ xas[i]).mul_(scale) if ctx.needs_input_grad[2 + 3 * i + 2] else None
-            grad_a = gxa.t() @ x2 if ctx.needs_input_grad[2 + 3 * i + 1] else None
-            param_grads += [None, grad_a, grad_b]
+            gxas.append((g2 @ b).mul_(scale))
+            grad_bs.append((g2.t() @ xa_all[:, cols]).mul_(scale) if ctx.needs_input_grad[2 + 3 * i + 2] else None)
             if ctx.needs_input_grad[0]:
                 dx = torch.mm(g2, weight) if dx is None else dx.addmm_(g2, weight)
-                dx.addmm_(gxa, a)
+        gxa_all = torch.cat(gxas, dim=1) if n > 1 else gxas[0]
+        wants_a = [ctx.needs_input_grad[2 + 3 * i + 1] and grads[i] is not None for i in range(n)]
+        grad_a_all = gxa_all.t() @ x2 if any(wants_a) else None
         if dx is not None:
-            dx = dx.view(x.shape)
+            dx = dx.addmm_(gxa_all, a_all).view(x.shape)
+        param_grads: list[torch.Tensor | None] = []
+        r0 = 0
+        for i in range(n):
+            rank = params[3 * i + 1].shape[0]
+            grad_a = grad_a_all[r0 : r0 + rank] if grad_a_all is not None and wants_a[i] else None
+            param_grads += [None, grad_a, grad_bs[i]]
+            r0 += rank
         return (dx, None, *param_grads)
+
+
+class _FrozenGroup(torch.autograd.Function):
+    """Frozen linear layers that read the same input (w1 and w3 of a LoRA run's feed-forward): the
+    outputs as the plain GEMMs; backward, dx = g_1 W_1 + g_2 W_2 ... by addmm into one buffer, where
+    autograd summed the layers' whole-size input gradients with an add kernel."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(*weights)
+        ctx.shape = x.shape
+        return tuple(F.linear(x, w) for w in weights)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        dx: torch.Tensor | None = None
+        for w, g in zip(ctx.saved_tensors, grads):
+            if g is not None:
+                g2 = g.reshape(-1, g.shape[-1])
+                dx = torch.mm(g2, w) if dx is None else dx.addmm_(g2, w)
+        return (dx.view(ctx.shape) if dx is not None else None, *(None for _ in ctx.saved_tensors))
+
+
+def frozen_group(x: torch.Tensor, layers: list[nn.Module]) -> list[torch.Tensor]:
+    """Plain linear layers (each reading ``x``) applied to ``x``: in one :class:`_FrozenGroup` where
+    their weights are frozen plain tensors of ``x``'s dtype (no autocast, DTensor or quantized
+    weight, not under torch.compile), else one by one."""
+    weights = [getattr(m, "weight", None) for m in layers]
+    if (
+        x.requires_grad
+        and all(type(m) is nn.Linear and m.bias is None for m in layers)
+        and not torch.compiler.is_compiling()
+        and not torch.is_autocast_enabled(x.device.type)
+        and type(x) is torch.Tensor
+        and all(type(w) is nn.Parameter and w.dtype == x.dtype and not w.requires_grad for w in weights)
+    ):
+        return list(_FrozenGroup.apply(x, *weights))
+    return [m(x) for m in layers]
 
 
 def lora_group(x: torch.Tensor, layers: list[nn.Module]) -> list[torch.Tensor]:
@@ -176,7 +231,8 @@ class FeedForward(nn.Module):
         self.w3 = nn.Linear(shape.hidden_size, shape.ffn_hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        a, b = frozen_group(x, [self.w1, self.w3])
+        return self.w2(F.silu(a) * b)
 
 
 class Block(nn.Module):
@@ -210,6 +266,7 @@ class Transformer(nn.Module):
         self.positions: torch.Tensor | None = None
         # (output weight, hidden states, targets) -> mean loss, for forward(x, targets): fused.py's
         self.fused_loss: Callable | None = None
+        self._rope_kept: tuple[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def keep_stage(self, layer_ids: range, *, first: bool, last: bool) -> "Transformer":
         """Drop what a pipeline stage does not hold (in place)."""
@@ -222,15 +279,28 @@ class Transformer(nn.Module):
             self.norm = self.output = None
         return self
 
-    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
-        seq = x.shape[1]
-        pos = self.positions if self.positions is not None else torch.arange(seq, device=h.device)
-        cos, sin = rope_tables(self.shape.head_dim, pos)
+    def _rope(self, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary tables of this rank's positions; in eager steps over 0..seq-1, computed once and
+        kept (a step would otherwise start with their small kernels, the GPU waiting on each)."""
+        if self.positions is not None:
+            return rope_tables(self.shape.head_dim, self.positions)
+        if torch.compiler.is_compiling():
+            return rope_tables(self.shape.head_dim, torch.arange(seq, device=device))
+        key = (seq, device)
+        if self._rope_kept is None or self._rope_kept[0] != key:
+            with torch.inference_mode(False):  # kept for training steps, whatever mode this one runs in
+                self._rope_kept = (key, rope_tables(self.shape.head_dim, torch.arange(seq, device=device)))
+        return self._rope_kept[1]
+
+    def run_blocks(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The blocks, then the final norm where this stage holds it."""
         for layer in self.layers.values():
             h = layer(h, cos, sin)
-        if self.norm is not None:
-            h = self.norm(h)
+        return self.norm(h) if self.norm is not None else h
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        h = self.run_blocks(h, *self._rope(x.shape[1], h.device))
         if targets is not None:  # the loss, through a fused head that never materialises the logits
             assert self.fused_loss is not None and self.output is not None
             return self.fused_loss(self.output.weight, h, targets)

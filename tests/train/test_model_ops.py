@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from sweepbench.train.model import LoRALinear, apply_rope, lora_group, rope_tables
+from sweepbench.train.model import FeedForward, LoRALinear, apply_rope, frozen_group, lora_group, rope_tables
 
 
 class _Ops(TorchDispatchMode):
@@ -104,13 +104,14 @@ def test_lora_layers_reading_one_input_add_their_updates_and_gradients_inside_th
 
     outs, gx, params, ops = run(lambda t: lora_group(t, layers))  # type: ignore[arg-type]
     ref_outs, ref_gx, ref_params, ref_ops = run(lambda t: [_textbook(m, t) for m in layers])
+    close = {"rtol": 1e-4, "atol": 1e-4}  # the same arithmetic, its sums in another order (fp32)
     for got, want in zip(outs, ref_outs):
-        torch.testing.assert_close(got, want)
-    torch.testing.assert_close(gx, ref_gx)
+        torch.testing.assert_close(got, want, **close)
+    torch.testing.assert_close(gx, ref_gx, **close)
     for i, ((ga, gb), (ra, rb)) in enumerate(zip(params, ref_params)):
         if i in used:
-            torch.testing.assert_close(ga, ra)
-            torch.testing.assert_close(gb, rb)
+            torch.testing.assert_close(ga, ra, **close)
+            torch.testing.assert_close(gb, rb, **close)
         else:
             assert ga is None and gb is None and ra is None and rb is None
     assert ops["aten.add"] == 0 and ops["aten.mul"] == 0, ops  # the unfused path's adds and scalings
@@ -156,3 +157,34 @@ def test_loss_chunks_reach_their_rows_or_cover_the_tokens(tokens: int, hidden: i
     per = -(-tokens // -(-vocab // (const * hidden)))
     chunk = min(1 << (per - 1).bit_length(), tokens)
     assert chunk == rows, (const, chunk)
+
+
+def test_frozen_layers_reading_one_input_sum_the_input_gradient_inside_the_matmuls() -> None:
+    """The feed-forward's w1 and w3 with frozen weights (a LoRA run): the same outputs and input
+    gradient as the plain layers, the two gradient terms summed by the second matmul (addmm), not
+    by an add kernel; trained weights take the plain layers and get their gradients."""
+    from sweepbench.parallel.specs import ModelShape
+
+    torch.manual_seed(0)
+    shape = ModelShape.from_config({"name": "t", "num_layers": 1, "hidden_size": 32, "num_heads": 4,
+                                    "num_kv_heads": 4, "ffn_hidden_size": 64, "vocab_size": 16, "seq_len": 8})
+    ffn = FeedForward(shape)
+    x, grad = torch.randn(2, 8, 32), torch.randn(2, 8, 32)
+    ffn.requires_grad_(False)
+
+    def plain(t: torch.Tensor) -> torch.Tensor:
+        return ffn.w2(F.silu(ffn.w1(t)) * ffn.w3(t))
+
+    out, gx, _ = _fwd_bwd(ffn, x, grad)
+    ref, ref_gx, _ = _fwd_bwd(plain, x, grad)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(gx, ref_gx, rtol=1e-4, atol=1e-4)
+    leaf = x.detach().requires_grad_()
+    a, b = frozen_group(leaf, [ffn.w1, ffn.w3])
+    with _Ops() as counted:
+        torch.autograd.backward([a, b], [torch.ones_like(a), torch.ones_like(b)])
+    assert counted.ops["aten.add"] == 0 and counted.ops["aten.addmm_"] == 1, counted.ops
+    ffn.requires_grad_(True)  # a full fine-tune: the plain layers, weight gradients
+    out, gx, _ = _fwd_bwd(ffn, x, grad)
+    torch.testing.assert_close(gx, ref_gx, rtol=1e-4, atol=1e-4)
+    assert ffn.w1.weight.grad is not None and ffn.w3.weight.grad is not None
