@@ -137,12 +137,13 @@ class _FrozenGroup(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        weights = ctx.saved_tensors  # once: activation checkpointing unpacks each saved tensor once only
         dx: torch.Tensor | None = None
-        for w, g in zip(ctx.saved_tensors, grads):
+        for w, g in zip(weights, grads):
             if g is not None:
                 g2 = g.reshape(-1, g.shape[-1])
                 dx = torch.mm(g2, w) if dx is None else dx.addmm_(g2, w)
-        return (dx.view(ctx.shape) if dx is not None else None, *(None for _ in ctx.saved_tensors))
+        return (dx.view(ctx.shape) if dx is not None else None, *(None for _ in weights))
 
 
 def frozen_group(x: torch.Tensor, layers: list[nn.Module]) -> list[torch.Tensor]:

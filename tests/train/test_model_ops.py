@@ -188,3 +188,21 @@ def test_frozen_layers_reading_one_input_sum_the_input_gradient_inside_the_matmu
     out, gx, _ = _fwd_bwd(ffn, x, grad)
     torch.testing.assert_close(gx, ref_gx, rtol=1e-4, atol=1e-4)
     assert ffn.w1.weight.grad is not None and ffn.w3.weight.grad is not None
+
+
+def test_frozen_group_recomputes_under_activation_checkpointing() -> None:
+    """The group's backward reads its saved weights once: under non-reentrant checkpointing (as
+    ``ac=full`` wraps each block) saved tensors unpack once only."""
+    from torch.utils.checkpoint import checkpoint
+
+    from sweepbench.parallel.specs import ModelShape
+
+    torch.manual_seed(0)
+    shape = ModelShape.from_config({"name": "t", "num_layers": 1, "hidden_size": 32, "num_heads": 4,
+                                    "num_kv_heads": 4, "ffn_hidden_size": 64, "vocab_size": 16, "seq_len": 8})
+    ffn = FeedForward(shape).requires_grad_(False)
+    x, grad = torch.randn(2, 8, 32), torch.randn(2, 8, 32)
+    out, gx, _ = _fwd_bwd(lambda t: checkpoint(ffn, t, use_reentrant=False), x, grad)
+    ref, ref_gx, _ = _fwd_bwd(ffn, x, grad)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(gx, ref_gx)
