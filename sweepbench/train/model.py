@@ -60,7 +60,7 @@ def _fusable(x: torch.Tensor, layers: list[LoRALinear]) -> bool:
 class _LoRAGroup(torch.autograd.Function):
     """LoRA layers that read the same input (q, k and v; or one layer), with the update added inside
     the GEMMs: forward, x [A_1; A_2; ...]^T as one GEMM (the input read once for every layer's A),
-    y_i = x W_i^T, then y_i += s_i (x A_i^T) B_i^T as one addmm into y_i (cuBLAS' beta = 1);
+    y_i = s_i (x A_i^T) B_i^T + x W_i^T as one addmm onto the low-rank product (cuBLAS' beta = s_i);
     backward, dx = g_1 W_1 plus every other g_i W_i by addmm, the layers' s_i (g_i B_i) side by side
     as one [tokens, sum of ranks] matrix, so that the A gradients are one GEMM over the input and
     their term of dx one addmm. Unfused, each layer's update was its own output plus an add kernel
@@ -79,7 +79,9 @@ class _LoRAGroup(torch.autograd.Function):
         for i, scale in enumerate(scales):
             weight, a, b = params[3 * i : 3 * i + 3]
             xa = xa_all[:, r0 : r0 + a.shape[0]]
-            outs.append(torch.mm(x2, weight.t()).addmm_(xa, b.t(), alpha=scale).view(*x.shape[:-1], -1))
+            # the low-rank product first, then the base GEMM adding it in its epilogue (beta): no
+            # output of a GEMM is changed in place, which a selective checkpoint that kept it refuses
+            outs.append(torch.addmm(torch.mm(xa, b.t()), x2, weight.t(), beta=scale).view(*x.shape[:-1], -1))
             r0 += a.shape[0]
         ctx.scales = scales
         ctx.set_materialize_grads(False)  # an unused output's gradient comes as None, not zeros

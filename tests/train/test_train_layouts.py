@@ -5,7 +5,6 @@ results.csv; the MFU the job reports follows the formula and a hand count of the
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import pytest
