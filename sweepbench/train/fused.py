@@ -46,10 +46,16 @@ class LigerRope:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         from liger_kernel.transformers.functional import liger_rope as rope
 
-        if self._kept is None or self._kept[0] is not cos or self._kept[1] != q.dtype:
-            tables = (torch.cat((cos, cos), dim=-1).to(q.dtype), torch.cat((sin, sin), dim=-1).to(q.dtype))
-            self._kept = (cos, q.dtype, tables)
-        q2, k2 = rope(q.transpose(1, 2), k.transpose(1, 2), *self._kept[2])
+        def make() -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.cat((cos, cos), dim=-1).to(q.dtype), torch.cat((sin, sin), dim=-1).to(q.dtype)
+
+        if torch.compiler.is_compiling():  # a compiled graph makes them in its own kernels
+            tables = make()
+        else:
+            if self._kept is None or self._kept[0] is not cos or self._kept[1] != q.dtype:
+                self._kept = (cos, q.dtype, make())
+            tables = self._kept[2]
+        q2, k2 = rope(q.transpose(1, 2), k.transpose(1, 2), *tables)
         return q2.transpose(1, 2), k2.transpose(1, 2)
 
 
