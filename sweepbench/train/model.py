@@ -44,11 +44,19 @@ class LoRALinear(nn.Module):
         return torch.add(F.linear(x, self.weight), F.linear(F.linear(x, self.lora_a), self.lora_b), alpha=self.scale)
 
 
+def _eager_plain(x: torch.Tensor) -> bool:
+    """Whether a hand-written autograd function may take ``x``: a plain tensor (a tensor-parallel
+    DTensor goes through torch's ops), no autocast (it casts what F.linear sees), not under
+    torch.compile (Inductor fuses the unfused ops itself)."""
+    return (
+        not torch.compiler.is_compiling() and not torch.is_autocast_enabled(x.device.type) and type(x) is torch.Tensor
+    )
+
+
 def _fusable(x: torch.Tensor, layers: list[LoRALinear]) -> bool:
-    """Whether :class:`_LoRAGroup` may run these layers: plain tensors (a tensor-parallel DTensor or a
-    quantized weight goes through torch's ops), no autocast (it casts what F.linear sees), not
-    under torch.compile (Inductor fuses the unfused ops itself), the weights frozen."""
-    if torch.compiler.is_compiling() or torch.is_autocast_enabled(x.device.type) or type(x) is not torch.Tensor:
+    """Whether :class:`_LoRAGroup` may run these layers: :func:`_eager_plain`, plain weights of
+    ``x``'s dtype (a DTensor or a quantized weight goes through torch's ops), the weights frozen."""
+    if not _eager_plain(x):
         return False
     return all(
         type(t) in (torch.Tensor, nn.Parameter) and t.dtype == x.dtype
@@ -150,15 +158,13 @@ class _FrozenGroup(torch.autograd.Function):
 
 def frozen_group(x: torch.Tensor, layers: list[nn.Module]) -> list[torch.Tensor]:
     """Plain linear layers (each reading ``x``) applied to ``x``: in one :class:`_FrozenGroup` where
-    their weights are frozen plain tensors of ``x``'s dtype (no autocast, DTensor or quantized
-    weight, not under torch.compile), else one by one."""
+    their weights are frozen parameters of ``x``'s dtype (no DTensor or quantized weight) and
+    :func:`_eager_plain` holds, else one by one."""
     weights = [getattr(m, "weight", None) for m in layers]
     if (
         x.requires_grad
         and all(type(m) is nn.Linear and m.bias is None for m in layers)
-        and not torch.compiler.is_compiling()
-        and not torch.is_autocast_enabled(x.device.type)
-        and type(x) is torch.Tensor
+        and _eager_plain(x)
         and all(type(w) is nn.Parameter and w.dtype == x.dtype and not w.requires_grad for w in weights)
     ):
         return list(_FrozenGroup.apply(x, *weights))
