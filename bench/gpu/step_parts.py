@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import os
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 TOKENS = 16384
@@ -25,19 +26,12 @@ SHAPES = {"llama3_1b": (2048, 128256), "mistral_7b": (4096, 32000)}
 
 
 def timed(fn, iters: int) -> dict[str, float]:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    q = statistics.quantiles(times, n=4)
-    return {"median_ms": statistics.median(times), "iqr_ms": q[2] - q[0], "min_ms": min(times), "max_ms": max(times)}
+    """3 warm-up calls, then ``iters`` device-timed ones, through the harness's own timer and summary."""
+    from sweepbench.measure.stats import summarize
+    from sweepbench.measure.timing import time_iterations
+
+    stats = summarize(time_iterations(fn, warmup=3, iters=iters, device=torch.device("cuda", 0)))
+    return {f"{k}_ms": stats[f"{k}_s"] * 1e3 for k in ("median", "iqr", "min", "max")}
 
 
 def flce_rows(iters: int) -> list[dict]:
@@ -176,10 +170,15 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--only", default="flce,add_norm,attention")
     args = p.parse_args()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29512")
+    dist.init_process_group("nccl", rank=0, world_size=1)  # the harness's timer reduces over ranks
+    torch.cuda.set_device(0)
     parts = {"flce": flce_rows, "add_norm": add_norm_rows, "attention": attention_rows}
     rows = [row for name in args.only.split(",") for row in parts[name](args.iters)]
     with open(args.out, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -58,20 +58,29 @@ def step_ranges(events: list[dict], step_name: str) -> list[tuple[float, float]]
     return sorted(seen.values())
 
 
-def per_step(path: str, min_gap_us: float, step_name: str) -> dict:
-    """Per profiled step: the GPU work its host part launched (kernels whose launch call falls in the
-    step's host range), that work's span (first start to last end), busy and idle time within it, its
-    kernel time by family, and the host ops that overlapped its idle gaps."""
-    events = json.load(gzip.open(path))["traceEvents"]
-    ranges = step_ranges(events, step_name)
-    if not ranges:
-        raise SystemExit(f"trace_top: {path} holds no step annotated {step_name!r}")
+def step_kernels(events: list[dict], step_name: str) -> list[tuple[tuple[float, float], list[dict]]]:
+    """Each profiled step's host range (:func:`step_ranges`) and the kernels it launched (those whose
+    launch call, runtime or driver API, falls in that range), in start order."""
     launch = {
         e["args"]["correlation"]: e["ts"]
         for e in events
         if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
     }
-    kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
+    kernels = sorted((e for e in events if e.get("cat") == "kernel" and "dur" in e), key=lambda e: e["ts"])
+    return [
+        ((r0, r1), [k for k in kernels if r0 <= launch.get(k.get("args", {}).get("correlation"), -1) < r1])
+        for r0, r1 in step_ranges(events, step_name)
+    ]
+
+
+def per_step(path: str, min_gap_us: float, step_name: str) -> dict:
+    """Per profiled step: the GPU work its host part launched (kernels whose launch call falls in the
+    step's host range), that work's span (first start to last end), busy and idle time within it, its
+    kernel time by family, and the host ops that overlapped its idle gaps."""
+    events = json.load(gzip.open(path))["traceEvents"]
+    steps = step_kernels(events, step_name)
+    if not steps:
+        raise SystemExit(f"trace_top: {path} holds no step annotated {step_name!r}")
     ops = [
         e
         for e in events
@@ -85,8 +94,7 @@ def per_step(path: str, min_gap_us: float, step_name: str) -> dict:
     names = [str(e["name"])[:80] for e in ops]
     families, by_name, host, sized = Counter(), Counter(), Counter(), Counter()
     total = {"span": 0.0, "busy": 0.0, "gap_time": 0.0, "gaps": 0, "kernels": 0, "range": 0.0, "lead": 0.0, "tail": 0.0}
-    for r0, r1 in ranges:
-        mine = [k for k in kernels if r0 <= launch.get(k.get("args", {}).get("correlation"), -1) < r1]
+    for (r0, r1), mine in steps:
         busy = busy_intervals(mine)
         if not busy:
             continue
@@ -107,7 +115,7 @@ def per_step(path: str, min_gap_us: float, step_name: str) -> dict:
             overlap = np.minimum(g1, ends) - np.maximum(g0, starts)
             for i in np.nonzero(overlap > 0)[0]:
                 host[names[i]] += float(overlap[i])
-    n = len(ranges)
+    n = len(steps)
     return {
         "steps": n,
         "window": total["span"] / n,
@@ -144,11 +152,12 @@ def side_by_side(a_path: str, b_path: str, top: int, min_gap_us: float, names: t
         print(f"  {k:40s} {x / 1e3:9.2f} {y / 1e3:9.2f} {(x - y) / 1e3:9.2f}")
     print(f"kernels whose time differs most (top {top}):")
     diff = Counter({k: a["names"].get(k, 0) - b["names"].get(k, 0) for k in set(a["names"]) | set(b["names"])})
-    for k in sorted(diff, key=lambda k: -abs(diff[k]))[:top]:
+    most = sorted(diff, key=lambda k: -abs(diff[k]))[:top]
+    for k in most:
         x, y = a["names"].get(k, 0), b["names"].get(k, 0)
         print(f"  {x / 1e3:9.2f} {y / 1e3:9.2f} {(x - y) / 1e3:9.2f}  {k}")
     print("launches a step of those kernels, by grid, where the two differ:")
-    for k in sorted(diff, key=lambda k: -abs(diff[k]))[:top]:
+    for k in most:
         for (name, grid), x in sorted(a["launches"].items()):
             y = b["launches"].get((name, grid), 0)
             if name == k and x != y:
@@ -159,20 +168,12 @@ def side_by_side(a_path: str, b_path: str, top: int, min_gap_us: float, names: t
             print(f"  {us / 1e3:9.2f}  {op}")
 
 
-def print_gaps(path: str, min_gap_us: float, step_name: str) -> None:
+def print_gaps(events: list[dict], min_gap_us: float, step_name: str) -> None:
     """Each profiled step's idle gaps of at least ``min_gap_us`` within the GPU work it launched: where
     in the step (ms after its first kernel started), how long, the kernel that ended the wait, and the
     innermost host ops running meanwhile."""
-    events = json.load(gzip.open(path))["traceEvents"]
-    launch = {
-        e["args"]["correlation"]: e["ts"]
-        for e in events
-        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
-    }
-    kernels = sorted((e for e in events if e.get("cat") == "kernel" and "dur" in e), key=lambda e: e["ts"])
     ops = [e for e in events if e.get("cat") in ("cpu_op", "cuda_runtime", "cuda_driver") and "dur" in e]
-    for i, (r0, r1) in enumerate(step_ranges(events, step_name)):
-        mine = [k for k in kernels if r0 <= launch.get(k.get("args", {}).get("correlation"), -1) < r1]
+    for i, (_, mine) in enumerate(step_kernels(events, step_name)):
         if not mine:
             continue
         first = mine[0]["ts"]
@@ -216,7 +217,7 @@ def main() -> None:
     for name, dur in by_name.most_common(args.top):
         print(f"  {dur / total:6.1%}  {dur / 1e3:9.1f} ms  {name}")
     if args.gaps:
-        print_gaps(args.trace, args.min_gap_us, args.step_name)
+        print_gaps(events, args.min_gap_us, args.step_name)
 
 
 if __name__ == "__main__":

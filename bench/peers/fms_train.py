@@ -122,7 +122,8 @@ def main(argv: list[str]) -> int:
     device = torch.device(a.device)
     torch.manual_seed(a.seed)
     task = SyntheticTask(vocab_size=shape.vocab_size, seq_len=a.seq_len, global_batch=a.micro_batch, seed=a.seed)
-    rows = [x for s in range(a.steps + (PROFILED if a.profile else 0)) for x in task.batch(s)[0]]
+    total = a.steps + (PROFILED if a.profile else 0)  # the timed steps, then the profiled ones
+    rows = [x for s in range(total) for x in task.batch(s)[0]]
     dataset = [{"input_ids": x, "labels": x} for x in rows]
 
     with tempfile.TemporaryDirectory(prefix="fms-twin-") as tmp:
@@ -142,7 +143,7 @@ def main(argv: list[str]) -> int:
         args = TrainingArguments(
             output_dir=str(folder / "out"),
             per_device_train_batch_size=a.micro_batch,
-            max_steps=a.steps + (PROFILED if a.profile else 0),
+            max_steps=total,
             learning_rate=a.lr or lora_lr(TrainKnobs(lora_rank=a.lora_rank), shape.hidden_size),
             lr_scheduler_type="constant",
             optim="adamw_torch_fused",
