@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from sweepbench.parallel.specs import ModelShape
 from sweepbench.train.model import FeedForward, LoRALinear, apply_rope, frozen_group, lora_group, rope_tables
 
 
@@ -159,16 +160,18 @@ def test_loss_chunks_reach_their_rows_or_cover_the_tokens(tokens: int, hidden: i
     assert chunk == rows, (const, chunk)
 
 
+def _tiny_ffn() -> FeedForward:
+    return FeedForward(ModelShape.from_config({"name": "t", "num_layers": 1, "hidden_size": 32, "num_heads": 4,
+                                               "num_kv_heads": 4, "ffn_hidden_size": 64, "vocab_size": 16,
+                                               "seq_len": 8}))
+
+
 def test_frozen_layers_reading_one_input_sum_the_input_gradient_inside_the_matmuls() -> None:
     """The feed-forward's w1 and w3 with frozen weights (a LoRA run): the same outputs and input
     gradient as the plain layers, the two gradient terms summed by the second matmul (addmm), not
     by an add kernel; trained weights take the plain layers and get their gradients."""
-    from sweepbench.parallel.specs import ModelShape
-
     torch.manual_seed(0)
-    shape = ModelShape.from_config({"name": "t", "num_layers": 1, "hidden_size": 32, "num_heads": 4,
-                                    "num_kv_heads": 4, "ffn_hidden_size": 64, "vocab_size": 16, "seq_len": 8})
-    ffn = FeedForward(shape)
+    ffn = _tiny_ffn()
     x, grad = torch.randn(2, 8, 32), torch.randn(2, 8, 32)
     ffn.requires_grad_(False)
 
@@ -195,12 +198,8 @@ def test_frozen_group_recomputes_under_activation_checkpointing() -> None:
     ``ac=full`` wraps each block) saved tensors unpack once only."""
     from torch.utils.checkpoint import checkpoint
 
-    from sweepbench.parallel.specs import ModelShape
-
     torch.manual_seed(0)
-    shape = ModelShape.from_config({"name": "t", "num_layers": 1, "hidden_size": 32, "num_heads": 4,
-                                    "num_kv_heads": 4, "ffn_hidden_size": 64, "vocab_size": 16, "seq_len": 8})
-    ffn = FeedForward(shape).requires_grad_(False)
+    ffn = _tiny_ffn().requires_grad_(False)
     x, grad = torch.randn(2, 8, 32), torch.randn(2, 8, 32)
     out, gx, _ = _fwd_bwd(lambda t: checkpoint(ffn, t, use_reentrant=False), x, grad)
     ref, ref_gx, _ = _fwd_bwd(ffn, x, grad)
