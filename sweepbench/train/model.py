@@ -70,7 +70,8 @@ class _LoRAGroup(torch.autograd.Function):
     the GEMMs: forward, x [A_1; A_2; ...]^T as one GEMM (the input read once for every layer's A),
     y_i = s_i (x A_i^T) B_i^T + x W_i^T as one addmm onto the low-rank product (cuBLAS' beta = s_i);
     backward, dx = g_1 W_1 plus every other g_i W_i by addmm, the layers' s_i (g_i B_i) side by side
-    as one [tokens, sum of ranks] matrix, so that the A gradients are one GEMM over the input and
+    as one [tokens, sum of ranks] matrix (each GEMM writes its columns, s_i as its alpha; B_i's
+    gradient likewise scaled by its GEMM), so that the A gradients are one GEMM over the input and
     their term of dx one addmm. Unfused, each layer's update was its own output plus an add kernel
     over the whole output, and dx a sum of 2 per layer whole-size gradients by add kernels. The
     frozen base weights get no gradient; the same arithmetic as the unfused ops, summed in another
@@ -102,7 +103,7 @@ class _LoRAGroup(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])
         n = len(ctx.scales)
         dx: torch.Tensor | None = None
-        gxas: list[torch.Tensor] = []  # s_i (g_i B_i), zeros where g_i is None
+        gxa_all = torch.empty_like(xa_all)  # s_i (g_i B_i) in layer i's columns, zeros where g_i is None
         grad_bs: list[torch.Tensor | None] = []
         r0 = 0
         for i, (scale, g) in enumerate(zip(ctx.scales, grads)):
@@ -110,15 +111,14 @@ class _LoRAGroup(torch.autograd.Function):
             cols = slice(r0, r0 + a.shape[0])
             r0 += a.shape[0]
             if g is None:  # this output took no part in the loss
-                gxas.append(xa_all.new_zeros(xa_all.shape[0], a.shape[0]))
+                gxa_all[:, cols].zero_()
                 grad_bs.append(None)
                 continue
             g2 = g.reshape(-1, g.shape[-1])
-            gxas.append((g2 @ b).mul_(scale))
-            grad_bs.append((g2.t() @ xa_all[:, cols]).mul_(scale) if ctx.needs_input_grad[2 + 3 * i + 2] else None)
+            _mm_scaled(g2, b, scale, out=gxa_all[:, cols])
+            grad_bs.append(_mm_scaled(g2.t(), xa_all[:, cols], scale) if ctx.needs_input_grad[2 + 3 * i + 2] else None)
             if ctx.needs_input_grad[0]:
                 dx = torch.mm(g2, weight) if dx is None else dx.addmm_(g2, weight)
-        gxa_all = torch.cat(gxas, dim=1) if n > 1 else gxas[0]
         wants_a = [ctx.needs_input_grad[2 + 3 * i + 1] and grads[i] is not None for i in range(n)]
         grad_a_all = gxa_all.t() @ x2 if any(wants_a) else None
         if dx is not None:
@@ -131,6 +131,16 @@ class _LoRAGroup(torch.autograd.Function):
             param_grads += [None, grad_a, grad_bs[i]]
             r0 += rank
         return (dx, None, *param_grads)
+
+
+def _mm_scaled(a: torch.Tensor, b: torch.Tensor, scale: float, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """scale * (a @ b) as one GEMM (the scale as its alpha; beta 0: the input is never read), where a
+    product and then a multiply over it were two kernels; written into ``out`` where given (a column
+    block of a wider matrix: the GEMM writes it in place)."""
+    nothing = a.new_empty(())
+    if out is None:
+        return torch.addmm(nothing, a, b, beta=0, alpha=scale)
+    return torch.addmm(nothing, a, b, beta=0, alpha=scale, out=out)
 
 
 class _FrozenGroup(torch.autograd.Function):
@@ -275,7 +285,8 @@ class Transformer(nn.Module):
         self.positions: torch.Tensor | None = None
         # (output weight, hidden states, targets) -> mean loss, for forward(x, targets): fused.py's
         self.fused_loss: Callable | None = None
-        self._rope_kept: tuple[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] | None = None
+        # the rotary tables and what they were made for: (None, seq, device), or (positions, its version, None)
+        self._rope_kept: tuple[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def keep_stage(self, layer_ids: range, *, first: bool, last: bool) -> "Transformer":
         """Drop what a pipeline stage does not hold (in place)."""
@@ -289,17 +300,23 @@ class Transformer(nn.Module):
         return self
 
     def _rope(self, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rotary tables of this rank's positions; in eager steps over 0..seq-1, computed once and
-        kept (a step would otherwise start with their small kernels, the GPU waiting on each)."""
-        if self.positions is not None:
-            return rope_tables(self.shape.head_dim, self.positions)
+        """The rotary tables of this rank's positions (``positions``, else 0..seq-1); in eager steps
+        computed once and kept while those positions are the same tensor, unchanged (a step would
+        otherwise start with their small kernels, the GPU waiting on each launch)."""
+        positions = self.positions
         if torch.compiler.is_compiling():
-            return rope_tables(self.shape.head_dim, torch.arange(seq, device=device))
-        key = (seq, device)
-        if self._rope_kept is None or self._rope_kept[0] != key:
+            return rope_tables(
+                self.shape.head_dim, torch.arange(seq, device=device) if positions is None else positions
+            )
+        key = (None, seq, device) if positions is None else (positions, positions._version, None)
+        kept = self._rope_kept
+        if kept is None or kept[0][0] is not key[0] or kept[0][1:] != key[1:]:
             with torch.inference_mode(False):  # kept for training steps, whatever mode this one runs in
-                self._rope_kept = (key, rope_tables(self.shape.head_dim, torch.arange(seq, device=device)))
-        return self._rope_kept[1]
+                tables = rope_tables(
+                    self.shape.head_dim, torch.arange(seq, device=device) if positions is None else positions
+                )
+            self._rope_kept = kept = (key, tables)
+        return kept[1]
 
     def run_blocks(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """The blocks, then the final norm where this stage holds it."""

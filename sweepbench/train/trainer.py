@@ -185,14 +185,18 @@ class Trainer:
         if self.schedule is not None:
             loss = self._pipeline_step(inputs, targets)
         else:
-            loss = torch.zeros((), device=self.device)
+            total: torch.Tensor | None = None  # no zeros to add to: a one-micro-batch step's loss is its own
             for x, y, sync in self._micro_batches(inputs, targets):
                 with sync:
                     with self.plan.autocast(self.device.type, sharded=self.sharded):
                         out = self.parts[0](x, y) if self.opts.fused != "none" else self.parts[0](x)
-                    part = (out if self.opts.fused != "none" else cross_entropy(out, y)) / self.plan.num_micro
+                    part = out if self.opts.fused != "none" else cross_entropy(out, y)
+                    if self.plan.num_micro > 1:  # (a division by 1 would be a kernel each way)
+                        part = part / self.plan.num_micro
                     part.backward()
-                loss += part.detach()
+                total = part.detach() if total is None else total + part.detach()
+            assert total is not None  # a step has one micro-batch or more
+            loss = total
         self.optimizer.step()
         if self.precompute_fp8:
             precompute_scales(self.parts)

@@ -12,7 +12,15 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sweepbench.parallel.specs import ModelShape
-from sweepbench.train.model import FeedForward, LoRALinear, apply_rope, frozen_group, lora_group, rope_tables
+from sweepbench.train.model import (
+    FeedForward,
+    LoRALinear,
+    Transformer,
+    apply_rope,
+    frozen_group,
+    lora_group,
+    rope_tables,
+)
 
 
 class _Ops(TorchDispatchMode):
@@ -116,6 +124,8 @@ def test_lora_layers_reading_one_input_add_their_updates_and_gradients_inside_th
         else:
             assert ga is None and gb is None and ra is None and rb is None
     assert ops["aten.add"] == 0 and ops["aten.mul"] == 0, ops  # the unfused path's adds and scalings
+    # no scaling after a GEMM (each scales in its epilogue) and one concatenation (the forward's As)
+    assert ops["aten.mul_"] == 0 and ops["aten.cat"] == (1 if len(layers) > 1 else 0), ops
     assert ref_ops["aten.add"] > 0
     assert sum(ops.values()) < sum(ref_ops.values()), (ops, ref_ops)
 
@@ -136,8 +146,11 @@ def test_lora_layers_leave_the_input_without_a_gradient_where_it_needs_none() ->
         torch.testing.assert_close(o.detach(), r.detach())
     for m in layers:
         assert m.lora_a.grad is not None and m.lora_b.grad is not None and m.weight.grad is None
-    # the updates added by the forward's GEMMs, and no [tokens, in] product for dx in the backward
-    assert counted.ops["aten.addmm"] == 2 and counted.ops["aten.addmm_"] == 0, counted.ops
+    # the updates added by the forward's GEMMs (2 addmm), each layer's two scaled products in the
+    # backward (2 addmm each), and no [tokens, in] product for dx: the 4 mm are the forward's x A^T
+    # and x A^T B^T (one per layer), and the backward's A gradients
+    assert counted.ops["aten.addmm"] == 2 + 2 * len(layers) and counted.ops["aten.addmm_"] == 0, counted.ops
+    assert counted.ops["aten.mm"] == 4, counted.ops
 
 
 @pytest.mark.parametrize(
@@ -160,10 +173,49 @@ def test_loss_chunks_reach_their_rows_or_cover_the_tokens(tokens: int, hidden: i
     assert chunk == rows, (const, chunk)
 
 
+def _tiny_shape() -> ModelShape:
+    return ModelShape.from_config(
+        {
+            "name": "t",
+            "num_layers": 1,
+            "hidden_size": 32,
+            "num_heads": 4,
+            "num_kv_heads": 4,
+            "ffn_hidden_size": 64,
+            "vocab_size": 16,
+            "seq_len": 8,
+        }
+    )
+
+
 def _tiny_ffn() -> FeedForward:
-    return FeedForward(ModelShape.from_config({"name": "t", "num_layers": 1, "hidden_size": 32, "num_heads": 4,
-                                               "num_kv_heads": 4, "ffn_hidden_size": 64, "vocab_size": 16,
-                                               "seq_len": 8}))
+    return FeedForward(_tiny_shape())
+
+
+def test_rotary_tables_are_made_once_for_the_same_positions() -> None:
+    """The decoder keeps its rotary tables while its positions are the same tensor, unchanged (a
+    trainer's steps): made again for new positions (a packed batch's) or positions changed in place."""
+    torch.manual_seed(0)
+    model = Transformer(_tiny_shape())
+    x = torch.randint(0, 16, (2, 8))
+
+    def tables_made(positions: torch.Tensor | None = None) -> tuple[int, torch.Tensor]:
+        if positions is not None:
+            model.positions = positions
+        with torch.no_grad(), _Ops() as counted:
+            out = model(x)
+        return counted.ops["aten.cos"], out
+
+    for first in (None, torch.arange(8)):  # no positions (0..seq-1), then a trainer's
+        made, out = tables_made(first)
+        assert made == 1
+        again, out2 = tables_made()
+        assert again == 0 and torch.equal(out, out2)
+    assert tables_made(torch.arange(8))[0] == 1  # a new tensor (equal values): made again
+    model.positions.add_(3)  # in place: made again, and the output follows
+    made, shifted = tables_made()
+    assert made == 1 and not torch.equal(shifted, out)
+    assert torch.equal(shifted, tables_made(torch.arange(3, 11))[1])
 
 
 def test_frozen_layers_reading_one_input_sum_the_input_gradient_inside_the_matmuls() -> None:
