@@ -1,6 +1,7 @@
 """Parts of a fused fine-tune step, timed alone on one GPU: liger-kernel's fused linear
 cross-entropy at several chunk sizes (its ``chunk_mem_const``) with the output weight frozen (LoRA)
-and trained (full fine-tune); a residual add followed by RMSNorm against liger's fused add + RMSNorm;
+and trained (full fine-tune); a residual add followed by RMSNorm: liger's, liger's fused add + RMSNorm,
+torch's, and the train engine's (liger's fused forward, torch's backward);
 causal GQA attention through each SDPA backend as the decoder calls it. Each variant's forward +
 backward is checked against a reference before it is timed (the loss and the input's gradient
 against the unchunked logits in fp32; the fused norm's outputs and gradients against the unfused
@@ -74,8 +75,14 @@ def flce_rows(iters: int) -> list[dict]:
 
 
 def add_norm_rows(iters: int) -> list[dict]:
+    """The residual add and the RMSNorm that reads its sum, forward and backward: liger's norm after a
+    torch add (unfused), liger's fused kernel (fused), torch's add and fused RMSNorm (torch), and the
+    train engine's (ours: liger's fused forward, torch's RMSNorm backward); the weight trained (a full
+    fine-tune) or frozen (LoRA)."""
     from liger_kernel.transformers.functional import liger_fused_add_rms_norm
     from liger_kernel.transformers.rms_norm import LigerRMSNorm
+
+    from sweepbench.train.fused import add_norm
 
     rows = []
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -85,6 +92,8 @@ def add_norm_rows(iters: int) -> list[dict]:
         dn = torch.randn(4, 4096, hidden, device="cuda", generator=g).bfloat16()
         dh = torch.randn(4, 4096, hidden, device="cuda", generator=g).bfloat16()
         norm = LigerRMSNorm(hidden, eps=1e-5).cuda().bfloat16()
+        with torch.no_grad():
+            norm.weight.uniform_(0.5, 1.5, generator=g)
 
         def unfused():
             h = x + a
@@ -93,22 +102,34 @@ def add_norm_rows(iters: int) -> list[dict]:
         def fused():
             return liger_fused_add_rms_norm(a, x, norm.weight, norm.variance_epsilon, in_place=False)
 
-        grads = {}
-        for name, fn in (("unfused", unfused), ("fused", fused)):
-            n, h = fn()
-            # liger's norms write the input's gradient over the incoming one: each gets a copy
-            grads[name] = [n, h, *torch.autograd.grad((n, h), (x, a, norm.weight), (dn.clone(), dh.clone()))]
-        errs = [((u.float() - f.float()).norm() / u.float().norm()).item()
-                for u, f in zip(grads["unfused"], grads["fused"])]
-        assert max(errs) < 1e-2, errs
-        for name, fn in (("unfused", unfused), ("fused", fused)):
-            def step(fn=fn):
-                n, h = fn()
-                torch.autograd.backward((n, h), (dn.clone(), dh.clone()))
+        def plain():
+            h = x + a
+            return F.rms_norm(h, (hidden,), norm.weight, norm.variance_epsilon), h
 
-            rows.append({"part": "add_rms_norm", "model": model, "variant": name, "max_rel_err": max(errs),
-                         **timed(step, iters)})
-            print(json.dumps(rows[-1]), flush=True)
+        def ours():
+            return add_norm(a, x, norm)
+
+        variants = (("unfused", unfused), ("fused", fused), ("torch", plain), ("ours", ours))
+        for trained in (True, False):
+            norm.weight.requires_grad_(trained)
+            wrt = (x, a, norm.weight) if trained else (x, a)
+            grads = {}
+            for name, fn in variants:
+                n, h = fn()
+                # liger's norms write the input's gradient over the incoming one: each gets a copy
+                grads[name] = [n, h, *torch.autograd.grad((n, h), wrt, (dn.clone(), dh.clone()))]
+            errs = {name: max(((u.float() - f.float()).norm() / u.float().norm()).item()
+                              for u, f in zip(grads["unfused"], grads[name])) for name, _ in variants}
+            assert max(errs.values()) < 1e-2, errs
+            for name, fn in variants:
+                def step(fn=fn):
+                    n, h = fn()
+                    torch.autograd.backward((n, h), (dn.clone(), dh.clone()))
+
+                rows.append({"part": "add_rms_norm", "model": model, "variant": name,
+                             "weight": "trained" if trained else "frozen", "max_rel_err": errs[name],
+                             **timed(step, iters)})
+                print(json.dumps(rows[-1]), flush=True)
     return rows
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from sweepbench.train.model import Attention, Block, FeedForward, LoRALinear, Transformer, frozen_group
@@ -76,18 +77,64 @@ class LigerBlock(Block):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, update: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if update is None:
-            n = self.attention_norm(x)
+            n = plain_norm(x, self.attention_norm)
         else:
             n, x = add_norm(update, x, self.attention_norm)
         n, h = add_norm(self.attention(n, cos, sin), x, self.ffn_norm)
         return h, self.feed_forward(n)
 
 
-def add_norm(update: torch.Tensor, residual: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """(norm(residual + update), residual + update) as one liger kernel, ``norm`` a LigerRMSNorm."""
-    from liger_kernel.transformers.functional import liger_fused_add_rms_norm
+def plain_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """``norm(x)``, ``norm`` a LigerRMSNorm: liger's kernel in eager steps, torch's op under torch.compile."""
+    if torch.compiler.is_compiling():
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+    return norm(x)
 
-    return liger_fused_add_rms_norm(update, residual, norm.weight, norm.variance_epsilon, in_place=False)
+
+def add_norm(update: torch.Tensor, residual: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(residual + update), residual + update), ``norm`` a LigerRMSNorm: in eager steps liger's
+    fused add + RMSNorm forward with torch's RMSNorm backward (:class:`_AddNorm`); under torch.compile
+    the plain ops, which Inductor fuses itself."""
+    if torch.compiler.is_compiling():
+        total = residual + update
+        return F.rms_norm(total, (total.shape[-1],), norm.weight, norm.variance_epsilon), total
+    return _AddNorm.apply(update, residual, norm.weight, norm.variance_epsilon)
+
+
+class _AddNorm(torch.autograd.Function):
+    """Forward: liger's fused add + RMSNorm (the sum and its norm in one kernel, liger's Llama
+    casting: the inverse RMS in fp32). Backward: torch's fused RMSNorm backward over the saved sum and
+    inverse RMS (no weight gradient where the weight is frozen), plus the sum's own gradient: the
+    input and the residual get the same gradient. liger's backward runs one program per SM, each over
+    its share of the rows in sequence, about three times as long as a pass over the tensors takes
+    (measured: ``bench/gpu/step_parts.py --only add_norm``)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, update: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        from liger_kernel.ops.fused_add_rms_norm import fused_add_rms_norm_forward
+
+        update, residual = update.contiguous(), residual.contiguous()  # (no copy where they already are)
+        out, total, rstd, *_ = fused_add_rms_norm_forward(update, residual, weight, eps, 0.0, "llama")
+        ctx.save_for_backward(total, weight, rstd)
+        ctx.set_materialize_grads(False)
+        return out, total
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor | None, grad_total: torch.Tensor | None) -> tuple[Any, ...]:
+        total, weight, rstd = ctx.saved_tensors
+        grad_weight = None
+        if grad_out is None:
+            grad = grad_total
+        else:
+            shape = total.shape
+            grad, grad_weight = torch.ops.aten._fused_rms_norm_backward(
+                grad_out, total, [shape[-1]], rstd.view(*shape[:-1], 1), weight, [True, ctx.needs_input_grad[2]]
+            )
+            if grad_total is not None:
+                grad = grad.add_(grad_total)
+        return grad, grad, grad_weight, None
 
 
 class LigerTransformer(Transformer):
