@@ -1,7 +1,7 @@
 """Parts of a fused fine-tune step, timed alone on one GPU: liger-kernel's fused linear
 cross-entropy at several chunk sizes (its ``chunk_mem_const``) with the output weight frozen (LoRA)
 and trained (full fine-tune); a residual add followed by RMSNorm: liger's, liger's fused add + RMSNorm,
-torch's, and the train engine's (liger's fused forward, torch's backward);
+and torch's (the train engine's);
 causal GQA attention through each SDPA backend as the decoder calls it. Each variant's forward +
 backward is checked against a reference before it is timed (the loss and the input's gradient
 against the unchunked logits in fp32; the fused norm's outputs and gradients against the unfused
@@ -76,13 +76,11 @@ def flce_rows(iters: int) -> list[dict]:
 
 def add_norm_rows(iters: int) -> list[dict]:
     """The residual add and the RMSNorm that reads its sum, forward and backward: liger's norm after a
-    torch add (unfused), liger's fused kernel (fused), torch's add and fused RMSNorm (torch), and the
-    train engine's (ours: liger's fused forward, torch's RMSNorm backward); the weight trained (a full
+    torch add (unfused), liger's fused kernel (fused), and torch's add and fused RMSNorm (torch, the
+    train engine's in both its unfused and its fused=liger model); the weight trained (a full
     fine-tune) or frozen (LoRA)."""
     from liger_kernel.transformers.functional import liger_fused_add_rms_norm
     from liger_kernel.transformers.rms_norm import LigerRMSNorm
-
-    from sweepbench.train.fused import add_norm
 
     rows = []
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -106,10 +104,7 @@ def add_norm_rows(iters: int) -> list[dict]:
             h = x + a
             return F.rms_norm(h, (hidden,), norm.weight, norm.variance_epsilon), h
 
-        def ours():
-            return add_norm(a, x, norm)
-
-        variants = (("unfused", unfused), ("fused", fused), ("torch", plain), ("ours", ours))
+        variants = (("unfused", unfused), ("fused", fused), ("torch", plain))
         for trained in (True, False):
             norm.weight.requires_grad_(trained)
             wrt = (x, a, norm.weight) if trained else (x, a)

@@ -1,25 +1,26 @@
 """Fused kernels as a recipe knob: ``fused=liger`` runs liger-kernel's Triton kernels in our decoder,
-as fms-acceleration's fused-ops plugin does in an HF model: RMSNorm (each residual add and the
-RMSNorm that reads its sum as one fused add + RMSNorm kernel, the stream carried between blocks as
-(residual, update)), SwiGLU's silu(a)*b, RoPE, and the fused linear cross-entropy (the output
-projection and the loss in chunks: the [tokens, vocab] logits are never materialised; see
-:func:`chunk_mem_const` for the chunks' size; its backward without a host synchronisation).
+as fms-acceleration's fused-ops plugin does in an HF model: SwiGLU's silu(a)*b, RoPE, and the fused
+linear cross-entropy (the output projection and the loss in chunks: the [tokens, vocab] logits are
+never materialised; see :func:`chunk_mem_const` for the chunks' size; its backward without a host
+synchronisation). RMSNorm stays torch's own fused kernel (one kernel forward, one backward), as in
+the unfused model: liger's RMSNorm and its fused add + RMSNorm measured slower on an H200, forward
+and backward, at the 1B and 7B shapes, the weight trained or frozen (``bench/gpu/step_parts.py
+--only add_norm``: liger's backward runs one program per SM, each over its share of the rows in
+sequence).
 
 Liger's RoPE rotates HF's rotate-half pairs (i, i+D/2) where ours rotates interleaved pairs
 (2i, 2i+1); :func:`apply` reorders the rows of each head of wq and wk (and their LoRA B) once,
 after initialisation, so the fused model computes the same function as the unfused one (q.k is
 unchanged by reordering both alike). The first steps are verified against the unfused model.
-Liger needs Triton on CUDA (its RMSNorm does not run under Triton's CPU interpreter)."""
+Liger's kernels need Triton on CUDA."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from sweepbench.train.model import Attention, Block, FeedForward, LoRALinear, Transformer, frozen_group
+from sweepbench.train.model import Attention, FeedForward, LoRALinear, Transformer, frozen_group
 
 # rows of a loss chunk that keep its GEMMs efficient: the input's gradient of a chunk is a
 # [rows, hidden] product over the whole vocabulary, a single wave of tiles at 2048 rows on a GPU of
@@ -67,89 +68,6 @@ class LigerFeedForward(FeedForward):
         return self.w2(liger_swiglu(*frozen_group(x, [self.w1, self.w3])))
 
 
-class LigerBlock(Block):
-    """The block on a residual stream carried as (residual, update): each residual add is liger's
-    fused add + RMSNorm with the norm that reads its sum (forward: the sum and its norm in one kernel;
-    backward: the norm's gradient plus the residual's). Returns (residual, update) for the next block
-    (:class:`LigerTransformer`) to add; ``update`` None: ``x`` is the whole stream (the first block)."""
-
-    def forward(  # type: ignore[override]
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, update: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if update is None:
-            n = plain_norm(x, self.attention_norm)
-        else:
-            n, x = add_norm(update, x, self.attention_norm)
-        n, h = add_norm(self.attention(n, cos, sin), x, self.ffn_norm)
-        return h, self.feed_forward(n)
-
-
-def plain_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-    """``norm(x)``, ``norm`` a LigerRMSNorm: liger's kernel in eager steps, torch's op under torch.compile."""
-    if torch.compiler.is_compiling():
-        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
-    return norm(x)
-
-
-def add_norm(update: torch.Tensor, residual: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """(norm(residual + update), residual + update), ``norm`` a LigerRMSNorm: in eager steps liger's
-    fused add + RMSNorm forward with torch's RMSNorm backward (:class:`_AddNorm`); under torch.compile
-    the plain ops, which Inductor fuses itself."""
-    if torch.compiler.is_compiling():
-        total = residual + update
-        return F.rms_norm(total, (total.shape[-1],), norm.weight, norm.variance_epsilon), total
-    return _AddNorm.apply(update, residual, norm.weight, norm.variance_epsilon)
-
-
-class _AddNorm(torch.autograd.Function):
-    """Forward: liger's fused add + RMSNorm (the sum and its norm in one kernel, liger's Llama
-    casting: the inverse RMS in fp32). Backward: torch's fused RMSNorm backward over the saved sum and
-    inverse RMS (no weight gradient where the weight is frozen), plus the sum's own gradient: the
-    input and the residual get the same gradient. liger's backward runs one program per SM, each over
-    its share of the rows in sequence, about three times as long as a pass over the tensors takes
-    (measured: ``bench/gpu/step_parts.py --only add_norm``)."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, update: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        from liger_kernel.ops.fused_add_rms_norm import fused_add_rms_norm_forward
-
-        update, residual = update.contiguous(), residual.contiguous()  # (no copy where they already are)
-        out, total, rstd, *_ = fused_add_rms_norm_forward(update, residual, weight, eps, 0.0, "llama")
-        ctx.save_for_backward(total, weight, rstd)
-        ctx.set_materialize_grads(False)
-        return out, total
-
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor | None, grad_total: torch.Tensor | None) -> tuple[Any, ...]:
-        total, weight, rstd = ctx.saved_tensors
-        grad_weight = None
-        if grad_out is None:
-            grad = grad_total
-        else:
-            shape = total.shape
-            grad, grad_weight = torch.ops.aten._fused_rms_norm_backward(
-                grad_out, total, [shape[-1]], rstd.view(*shape[:-1], 1), weight, [True, ctx.needs_input_grad[2]]
-            )
-            if grad_total is not None:
-                grad = grad.add_(grad_total)
-        return grad, grad, grad_weight, None
-
-
-class LigerTransformer(Transformer):
-    """The decoder over :class:`LigerBlock` s: the stream passed between blocks as (residual, update),
-    the last update added by the final norm's fused add + RMSNorm."""
-
-    def run_blocks(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        update = None
-        for layer in self.layers.values():
-            h, update = layer(h, cos, sin, update)
-        if update is None:
-            return self.norm(h) if self.norm is not None else h
-        return add_norm(update, h, self.norm)[0] if self.norm is not None else h + update
-
-
 def chunk_mem_const(tokens: int, hidden: int, vocab: int) -> int:
     """liger's ``chunk_mem_const`` (a chunk's logits hold at most about that many times tokens x
     hidden elements) for chunks of :data:`CHUNK_ROWS` rows where the vocabulary is large against the
@@ -191,22 +109,9 @@ def fused_cross_entropy(weight: torch.Tensor, h: torch.Tensor, targets: torch.Te
 def apply(model: Transformer, fused: str) -> None:
     """``fused=liger``: swap in liger's kernels (after the weights are initialised, before FSDP/DDP)."""
     assert fused == "liger", fused
-    from liger_kernel.transformers.rms_norm import LigerRMSNorm
-
     hd = model.shape.head_dim
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, nn.RMSNorm):
-                norm = LigerRMSNorm(child.weight.shape[0], eps=child.eps).to(child.weight.device, child.weight.dtype)
-                norm.weight.copy_(child.weight)
-                norm.weight.requires_grad_(child.weight.requires_grad)
-                setattr(module, name, norm)
     for ffn in [m for m in model.modules() if isinstance(m, FeedForward)]:
         ffn.__class__ = LigerFeedForward
-    for block in [m for m in model.modules() if type(m) is Block]:
-        block.__class__ = LigerBlock
-    if type(model) is Transformer:
-        model.__class__ = LigerTransformer
     rope = LigerRope()
     for att in [m for m in model.modules() if isinstance(m, Attention)]:
         att.rope_fn = rope
