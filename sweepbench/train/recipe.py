@@ -26,7 +26,7 @@ REFERENCE_QUANTS: Registry[Apply] = Registry("reference quantization")
 REFERENCE_QUANTS.declare("nf4_dense", "sweepbench.train.quant:apply")
 FUSED: Registry[Apply] = Registry("fused kernels", ordered=True)
 FUSED.add("none", None)
-FUSED.declare("liger", "sweepbench.train.fused:apply")  # liger-kernel: RMSNorm, SwiGLU, RoPE, fused linear CE
+FUSED.declare("liger", "sweepbench.train.fused:apply")  # liger-kernel: SwiGLU, RoPE, fused linear CE
 # knob -> its default (a peer implementation is refused a knob set away from it); tp_sp and async_tp
 # count only where tp > 1
 DEFAULTS = {
@@ -116,8 +116,8 @@ def check_recipe_device(b: TrainKnobs, device_type: str) -> str | None:
         )
     if b.fused == "liger" and device_type != "cuda":
         return (
-            f"benchmark.fused=liger needs CUDA GPUs (liger-kernel's Triton kernels; its RMSNorm does not run "
-            f"under Triton's CPU interpreter); this job would run on {device_type}: use fused=none here"
+            f"benchmark.fused=liger needs CUDA GPUs (liger-kernel's Triton kernels for CUDA); "
+            f"this job would run on {device_type}: use fused=none here"
         )
     return None
 
