@@ -304,29 +304,28 @@ class Transformer(nn.Module):
         computed once and kept while those positions are the same tensor, unchanged (a step would
         otherwise start with their small kernels, the GPU waiting on each launch)."""
         positions = self.positions
-        if torch.compiler.is_compiling():
+
+        def make() -> tuple[torch.Tensor, torch.Tensor]:
             return rope_tables(
                 self.shape.head_dim, torch.arange(seq, device=device) if positions is None else positions
             )
+
+        if torch.compiler.is_compiling():
+            return make()
         key = (None, seq, device) if positions is None else (positions, positions._version, None)
         kept = self._rope_kept
         if kept is None or kept[0][0] is not key[0] or kept[0][1:] != key[1:]:
             with torch.inference_mode(False):  # kept for training steps, whatever mode this one runs in
-                tables = rope_tables(
-                    self.shape.head_dim, torch.arange(seq, device=device) if positions is None else positions
-                )
-            self._rope_kept = kept = (key, tables)
+                self._rope_kept = kept = (key, make())
         return kept[1]
-
-    def run_blocks(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """The blocks, then the final norm where this stage holds it."""
-        for layer in self.layers.values():
-            h = layer(h, cos, sin)
-        return self.norm(h) if self.norm is not None else h
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
-        h = self.run_blocks(h, *self._rope(x.shape[1], h.device))
+        cos, sin = self._rope(x.shape[1], h.device)
+        for layer in self.layers.values():
+            h = layer(h, cos, sin)
+        if self.norm is not None:
+            h = self.norm(h)
         if targets is not None:  # the loss, through a fused head that never materialises the logits
             assert self.fused_loss is not None and self.output is not None
             return self.fused_loss(self.output.weight, h, targets)
