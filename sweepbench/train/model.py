@@ -84,14 +84,13 @@ class _LoRAGroup(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])
         a_all = torch.cat(params[1::3]) if len(scales) > 1 else params[1]  # [sum of ranks, in]
         xa_all = x2 @ a_all.t()
-        outs, r0 = [], 0
-        for i, scale in enumerate(scales):
-            weight, a, b = params[3 * i : 3 * i + 3]
-            xa = xa_all[:, r0 : r0 + a.shape[0]]
+        outs = []
+        for i, (scale, cols) in enumerate(zip(scales, _rank_cols(params))):
+            weight, _, b = params[3 * i : 3 * i + 3]
+            xa = xa_all[:, cols]
             # the low-rank product first, then the base GEMM adding it in its epilogue (beta): no
             # output of a GEMM is changed in place, which a selective checkpoint that kept it refuses
             outs.append(torch.addmm(torch.mm(xa, b.t()), x2, weight.t(), beta=scale).view(*x.shape[:-1], -1))
-            r0 += a.shape[0]
         ctx.scales = scales
         ctx.set_materialize_grads(False)  # an unused output's gradient comes as None, not zeros
         ctx.save_for_backward(x, xa_all, a_all, *params)
@@ -105,11 +104,9 @@ class _LoRAGroup(torch.autograd.Function):
         dx: torch.Tensor | None = None
         gxa_all = torch.empty_like(xa_all)  # s_i (g_i B_i) in layer i's columns, zeros where g_i is None
         grad_bs: list[torch.Tensor | None] = []
-        r0 = 0
-        for i, (scale, g) in enumerate(zip(ctx.scales, grads)):
-            weight, a, b = params[3 * i : 3 * i + 3]
-            cols = slice(r0, r0 + a.shape[0])
-            r0 += a.shape[0]
+        all_cols = _rank_cols(params)
+        for i, (scale, g, cols) in enumerate(zip(ctx.scales, grads, all_cols)):
+            weight, _, b = params[3 * i : 3 * i + 3]
             if g is None:  # this output took no part in the loss
                 gxa_all[:, cols].zero_()
                 grad_bs.append(None)
@@ -124,13 +121,20 @@ class _LoRAGroup(torch.autograd.Function):
         if dx is not None:
             dx = dx.addmm_(gxa_all, a_all).view(x.shape)
         param_grads: list[torch.Tensor | None] = []
-        r0 = 0
-        for i in range(n):
-            rank = params[3 * i + 1].shape[0]
-            grad_a = grad_a_all[r0 : r0 + rank] if grad_a_all is not None and wants_a[i] else None
+        for i, cols in enumerate(all_cols):
+            grad_a = grad_a_all[cols] if grad_a_all is not None and wants_a[i] else None
             param_grads += [None, grad_a, grad_bs[i]]
-            r0 += rank
         return (dx, None, *param_grads)
+
+
+def _rank_cols(params: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> list[slice]:
+    """Each layer's columns of the side-by-side [tokens, sum of ranks] products (x A^T, g B), which are
+    also its rows of the stacked A; ``params`` as :class:`_LoRAGroup` takes them (W, A, B per layer)."""
+    cols, r0 = [], 0
+    for a in params[1::3]:
+        cols.append(slice(r0, r0 + a.shape[0]))
+        r0 += a.shape[0]
+    return cols
 
 
 def _mm_scaled(a: torch.Tensor, b: torch.Tensor, scale: float, *, out: torch.Tensor | None = None) -> torch.Tensor:
