@@ -10,9 +10,10 @@ import re
 import subprocess
 import sys
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import pandas as pd
 import pytest
@@ -121,6 +122,18 @@ def run_sweepbench(args: list[str], *, sweep_dir: Path, multirun: bool = True,
     proc = subprocess.run([sys.executable, "-m", "sweepbench", *argv], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
     return SweepRun(sweep_dir, argv, proc, env)
+
+
+T = TypeVar("T")
+
+
+def concurrently(*calls: Callable[[], T], workers: int = 0) -> list[T]:
+    """Each call in a thread of its own, ``workers`` at a time (0: all at once), their results in
+    order. Sweeps whose numbers no test compares run side by side: a tiny CPU sweep keeps a 2-core
+    box about half busy (its processes start, import and wait on each other), so two of them
+    take little longer than one."""
+    with ThreadPoolExecutor(workers or len(calls)) as pool:
+        return [f.result() for f in [pool.submit(call) for call in calls]]
 
 
 def wandb_inspect(run_dir: str | Path) -> dict[str, Any]:

@@ -84,6 +84,10 @@ class Benchmark(ABC):
     # benchmark whose medians and peaks were measured the same with kept ranks as with a fresh
     # process per job (docs/running.md names the runs)
     keeps_ranks: ClassVar[bool] = False
+    # modules a rank of this benchmark imports in every job beyond the fork server's own
+    # (``launch.preload.PRELOAD``): a local sweep's fork server imports them once, before its first
+    # job, where each forked rank would import them again
+    rank_imports: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def keeps_ranks_for(cls, cfg: DictConfig) -> bool:

@@ -137,6 +137,7 @@ class TrainBenchmark(Benchmark):
     tag_keys = ("seq_len", "ac", "compile", "precision", "dp_shard", "lora_rank", "impl")
     tag_groups = ("model", "parallelism", "backend")
     keeps_ranks = True  # step medians and peaks the same kept or fresh (train_h200x1 sweep_time runs)
+    rank_imports = ("torch._dynamo",)  # torch.optim's optimizers import it as they are made: ~1 s a rank
 
     @classmethod
     def keeps_ranks_for(cls, cfg: DictConfig) -> bool:

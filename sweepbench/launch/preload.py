@@ -37,7 +37,7 @@ import traceback
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -120,27 +120,29 @@ class ForkedRank:
         return self.proc.exitcode
 
 
-def _server() -> Any:
-    """The fork server's context, its preload and environment set on the first call."""
+def _server(extra: Sequence[str] = ()) -> Any:
+    """The fork server's context, its preload (``PRELOAD``, then ``extra``) and environment set on
+    the first call."""
     global _server_env
     ctx = multiprocessing.get_context("forkserver")
     if _server_env is None:
-        ctx.set_forkserver_preload(PRELOAD)
+        ctx.set_forkserver_preload([*PRELOAD, *(m for m in extra if m not in PRELOAD)])
         _server_env = _env()
     return ctx
 
 
-def start_server(cfg: DictConfig) -> None:
+def start_server(cfg: DictConfig, *, extra: Sequence[str] = ()) -> None:
     """Start the fork server now, where this sweep's ranks will fork from it: its imports (torch's
-    2-5 s) then run while the driver launches the first job, instead of after it. Nothing else
-    changes: a job whose environment or interpreter differs still starts its ranks fresh. Not where
-    Hydra sets variables for each job (``hydra.job.env_set``, in ``cfg``): the server would lack
-    them and every rank would start fresh; it then starts with the first job's ranks."""
+    2-5 s, and ``extra``: the modules the sweep's benchmarks name as their ranks' imports) then
+    run while the driver launches the first job, instead of after it. Nothing else changes: a job
+    whose environment or interpreter differs still starts its ranks fresh. Not where Hydra sets
+    variables for each job (``hydra.job.env_set``, in ``cfg``): the server would lack them and
+    every rank would start fresh; it then starts with the first job's ranks."""
     if _server_env is not None or not usable(cfg) or OmegaConf.select(cfg, "hydra.job.env_set"):
         return
     from multiprocessing import forkserver
 
-    _server()
+    _server(extra)
     forkserver.ensure_running()
 
 

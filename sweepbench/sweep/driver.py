@@ -161,6 +161,14 @@ def run_sweep(sweeper: Any, arguments: list[str]) -> list[Any]:
         return _run_locked(sweeper, jobs, sweep_dir)
 
 
+def _rank_imports(jobs: list[PlannedJob]) -> list[str]:
+    """The modules the ranks of these jobs' benchmarks import in each job (``Benchmark.rank_imports``)."""
+    from sweepbench.benchmarks.registry import get_benchmark
+
+    names = dict.fromkeys(j.cfg.benchmark.name for j in jobs)
+    return list(dict.fromkeys(m for name in names for m in get_benchmark(name).rank_imports))
+
+
 def _launch_rounds(
     sweeper: Any, jobs: list[PlannedJob], todo: list[rounds.Unit], crashed: dict[rounds.Unit, str]
 ) -> list[Any]:
@@ -220,7 +228,7 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
         # the fork server's imports overlap the first job's launch; started once the stop handlers
         # are in place (a signal meanwhile is a stop asked for, as during a job)
         if runs_locally(sweeper) and todo:
-            preload.start_server(sweeper.config)
+            preload.start_server(sweeper.config, extra=_rank_imports(jobs))
         if todo:
             returns = _launch_rounds(sweeper, jobs, todo, crashed)
         stopped_by = interrupt.requested()

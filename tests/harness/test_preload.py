@@ -9,6 +9,7 @@ import os
 import re
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 from typing import Any
@@ -252,3 +253,28 @@ def test_ranks_fork_where_hydra_sets_each_jobs_variables(tmp_path: Path) -> None
                          sweep_dir=tmp_path / "sweep")
     assert run.rc == 0, run.describe()
     assert [m["rank_start"] for m in _jobs(run.sweep_dir)] == ["forked", "forked"]
+
+
+def test_the_fork_server_imports_once_what_a_sweeps_benchmark_names_for_its_ranks(tmp_path: Path) -> None:
+    """``Benchmark.rank_imports``: a train sweep's fork server imports torch._dynamo (torch.optim's
+    optimizers import it as they are made) before its first job, and its ranks do not import it
+    again; started fresh (``launch.preload=false``) each rank imports it itself; a collective sweep
+    imports it nowhere. Python's import-time report (PYTHONPROFILEIMPORTTIME) names what each
+    process imported itself: the driver's and its fork server's on the sweep's stderr, a rank's in
+    its log."""
+    from ..conftest import base_env, concurrently
+
+    train = ["benchmark=train", "model=tiny", "backend=gloo", "parallelism=tp1", "benchmark.warmup=1",
+             "benchmark.iters=2", "wandb.mode=disabled"]
+    grids = {"forked": train, "fresh": [*train, "launch.preload=false"], "collective": [*TINY, "parallelism=tp2"]}
+    env = base_env(PYTHONPROFILEIMPORTTIME="1")
+    runs = dict(zip(grids, concurrently(*(partial(run_sweepbench, args, sweep_dir=tmp_path / how, env=env)
+                                          for how, args in grids.items()))))
+    dynamo = re.compile(r"\| torch\._dynamo$", re.M)
+    imported = {}
+    for how, run in runs.items():
+        assert run.rc == 0, run.describe()
+        (job,) = [p for p in run.sweep_dir.iterdir() if (p / "metrics.json").exists()]
+        imported[how] = (bool(dynamo.search(run.stderr)), bool(dynamo.search((job / "logs" / "rank0.log").read_text())))
+    # (driver or fork server, rank 0)
+    assert imported == {"forked": (True, False), "fresh": (False, True), "collective": (False, False)}, imported

@@ -24,15 +24,23 @@ def _compare(a: SweepRun, b: SweepRun, out: Path, *extra: str) -> tuple[int, pd.
 
 
 def test_same_config_twice_is_not_slower(compare_sweeps: dict[str, SweepRun], tmp_path: Path) -> None:
-    rc, table, stdout = _compare(compare_sweeps["twin_a"], compare_sweeps["twin_b"], tmp_path, "--fail-on-regression")
-    assert len(table) == 1, stdout  # one job, one case, joined by config (same tag)
+    """The gate never calls an identical rerun slower (or faster): it passes (0) when the twins'
+    ratio is within the threshold, and where chance puts it beyond the threshold without the test
+    agreeing (``~``: this refit's speed is bimodal between processes on a 2-core box, and each twin
+    draws its own five) it fails closed, 4, saying what would decide."""
+    proc = sweepbench_cli("compare", compare_sweeps["twin_a"].sweep_dir, compare_sweeps["twin_b"].sweep_dir,
+                          "-o", tmp_path, "--fail-on-regression")
+    rc, table, out = proc.returncode, pd.read_csv(tmp_path / "compare.csv"), proc.stdout + proc.stderr
+    assert len(table) == 1, out  # one job, one case, joined by config (same tag)
     row = table.iloc[0]
     (tag,) = compare_sweeps["base"].all_metrics()
     assert row["baseline_tag"] == row["candidate_tag"] == tag
-    assert row["verdict"] in ("unchanged", "~"), row.to_dict()
     assert row["basis"] == "rounds" and row["n_baseline"] == row["n_candidate"] == COMPARE_ROUNDS
-    assert rc == 0 and "process-to-process noise" not in stdout
-    assert "ran apart" not in stdout  # their rounds overlapped in time: no note
+    assert (row["verdict"], rc) in (("unchanged", 0), ("~", 4)), (row.to_dict(), out)
+    if rc == 4:
+        assert "undecided: no case of 1 was decided" in out and "sweep.repeats >" in out, out
+    assert "process-to-process noise" not in out
+    assert "ran apart" not in out  # their rounds overlapped in time: no note
 
 
 def test_sweeps_run_apart_are_said_to_miss_the_machine_between_them(compare_sweeps: dict[str, SweepRun],

@@ -7,12 +7,13 @@ one by one, counting real tokens. Bad combinations are refused in one line befor
 from __future__ import annotations
 
 import csv
+from functools import partial
 from typing import Any
 
 import pytest
 import torch
 
-from ..conftest import SweepRun, planned_tag, refusal, run_sweepbench
+from ..conftest import SweepRun, concurrently, planned_tag, refusal, run_sweepbench
 
 FAST = ["benchmark=train", "model=tiny", "backend=gloo", "benchmark.warmup=1", "benchmark.iters=3",
         "wandb.mode=disabled", "benchmark.lora_rank=8"]
@@ -24,11 +25,12 @@ PACKED = ["parallelism=dp2", "benchmark.padding_free=true", "benchmark.ac=full",
 @pytest.fixture(scope="module")
 def sweeps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SweepRun]:
     root = tmp_path_factory.mktemp("train_fms")
-    out = {}
-    for name, args in (("peers", PEERS), ("quant", QUANT), ("packed", PACKED)):
-        out[name] = run_sweepbench([*FAST, *args], sweep_dir=root / name, timeout=600)
-        assert out[name].rc == 0, out[name].describe()
-    return out
+    grids = {"peers": PEERS, "quant": QUANT, "packed": PACKED}
+    runs = concurrently(*(partial(run_sweepbench, [*FAST, *args], sweep_dir=root / name, timeout=600)
+                          for name, args in grids.items()))
+    for run in runs:
+        assert run.rc == 0, run.describe()
+    return dict(zip(grids, runs))
 
 
 def _verified(m: dict[str, Any], rel: float) -> None:

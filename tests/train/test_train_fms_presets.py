@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from ..conftest import SweepRun, run_sweepbench
+from ..conftest import SweepRun, concurrently, run_sweepbench
 
 # preset -> its saved grid (the baselines are points of it)
 GRIDS = {
@@ -111,14 +111,21 @@ def test_the_70b_nf4_estimate_counts_a_4bit_base_as_measured(compose: Any) -> No
 @pytest.fixture(scope="module")
 def twins(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SweepRun]:
     root = tmp_path_factory.mktemp("fms_presets")
+
+    def twin(preset: str, *extra: str, into: str = "") -> SweepRun:
+        return run_sweepbench([f"experiment={preset}_cpu", "wandb.mode=disabled", *extra],
+                              sweep_dir=root / (into or preset), timeout=600)
+
+    def peft_bnb() -> list[SweepRun]:  # the HF baseline and the plugin's peer join its sweep dir, after it
+        return [twin("fms_peft_bnb"), twin("fms_peft_bnb", *HF_BASELINE, into="fms_peft_bnb"),
+                twin("fms_peft_bnb", *FMS_PEFT, into="fms_peft_bnb")]
+
     # the hf peer's packed run is tested in test_train_fms.py: here padding-free runs ours only (time)
-    out = {p: run_sweepbench([f"experiment={p}_cpu", "wandb.mode=disabled", *TWIN_ONLY.get(p, [])],
-                             sweep_dir=root / p, timeout=600) for p in GRIDS}
-    out["hf_baseline"] = run_sweepbench(["experiment=fms_peft_bnb_cpu", *HF_BASELINE, "wandb.mode=disabled"],
-                                        sweep_dir=root / "fms_peft_bnb", timeout=600)
-    out["fms_peft"] = run_sweepbench(["experiment=fms_peft_bnb_cpu", *FMS_PEFT, "wandb.mode=disabled"],
-                                     sweep_dir=root / "fms_peft_bnb", timeout=600)
-    return out
+    (bnb, hf, fms_peft), foak, padding_free = concurrently(
+        peft_bnb, lambda: [twin("fms_foak")], lambda: [twin("fms_padding_free", *TWIN_ONLY["fms_padding_free"])]
+    )
+    return {"fms_peft_bnb": bnb, "fms_foak": foak[0], "fms_padding_free": padding_free[0],
+            "hf_baseline": hf, "fms_peft": fms_peft}
 
 
 def _verified(m: dict[str, Any]) -> None:
