@@ -76,11 +76,13 @@ def flce_rows(iters: int) -> list[dict]:
 
 def add_norm_rows(iters: int) -> list[dict]:
     """The residual add and the RMSNorm that reads its sum, forward and backward: liger's norm after a
-    torch add (unfused), liger's fused kernel (fused), and torch's add and fused RMSNorm (torch, the
-    train engine's in both its unfused and its fused=liger model); the weight trained (a full
-    fine-tune) or frozen (LoRA)."""
+    torch add (unfused), liger's fused kernel (fused), torch's add and fused RMSNorm (torch, the train
+    engine's unfused model) and the engine's own kernels (kernel: fused=liger's blocks); the weight
+    trained (a full fine-tune) or frozen (LoRA)."""
     from liger_kernel.transformers.functional import liger_fused_add_rms_norm
     from liger_kernel.transformers.rms_norm import LigerRMSNorm
+
+    from sweepbench.train.add_norm_kernel import AddRMSNorm
 
     rows = []
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -104,7 +106,10 @@ def add_norm_rows(iters: int) -> list[dict]:
             h = x + a
             return F.rms_norm(h, (hidden,), norm.weight, norm.variance_epsilon), h
 
-        variants = (("unfused", unfused), ("fused", fused), ("torch", plain))
+        def kernel():
+            return AddRMSNorm.apply(x, a, norm.weight, norm.variance_epsilon)
+
+        variants = (("unfused", unfused), ("fused", fused), ("torch", plain), ("kernel", kernel))
         for trained in (True, False):
             norm.weight.requires_grad_(trained)
             wrt = (x, a, norm.weight) if trained else (x, a)

@@ -2,11 +2,12 @@
 as fms-acceleration's fused-ops plugin does in an HF model: SwiGLU's silu(a)*b, RoPE, and the fused
 linear cross-entropy (the output projection and the loss in chunks: the [tokens, vocab] logits are
 never materialised; see :func:`chunk_mem_const` for the chunks' size; its backward without a host
-synchronisation). RMSNorm stays torch's own fused kernel (one kernel forward, one backward), as in
-the unfused model: liger's RMSNorm and its fused add + RMSNorm measured slower on an H200, forward
-and backward, at the 1B and 7B shapes, the weight trained or frozen (``bench/gpu/step_parts.py
---only add_norm``: liger's backward runs one program per SM, each over its share of the rows in
-sequence).
+synchronisation). Each residual add and the RMSNorm that reads its sum are one Triton kernel each
+way (``add_norm_kernel``; the blocks pass the stream on as a residual and an update not yet added,
+:class:`FusedTransformer`): liger's RMSNorm and its fused add + RMSNorm measured slower than torch's
+pair on an H200, forward and backward, at the 1B and 7B shapes, the weight trained or frozen
+(``bench/gpu/step_parts.py --only add_norm``: liger's backward runs one program per SM, each over
+its share of the rows in sequence).
 
 Liger's RoPE rotates HF's rotate-half pairs (i, i+D/2) where ours rotates interleaved pairs
 (2i, 2i+1); :func:`apply` reorders the rows of each head of wq and wk (and their LoRA B) once,
@@ -20,7 +21,17 @@ from typing import Any
 
 import torch
 
-from sweepbench.train.model import Attention, FeedForward, LoRALinear, Transformer, frozen_group
+from torch import nn
+
+from sweepbench.train.model import (
+    Attention,
+    Block,
+    FeedForward,
+    LoRALinear,
+    Transformer,
+    eager_plain,
+    frozen_group,
+)
 
 # rows of a loss chunk that keep its GEMMs efficient: the input's gradient of a chunk is a
 # [rows, hidden] product over the whole vocabulary, a single wave of tiles at 2048 rows on a GPU of
@@ -68,6 +79,49 @@ class LigerFeedForward(FeedForward):
         return self.w2(liger_swiglu(*frozen_group(x, [self.w1, self.w3])))
 
 
+def add_norm(residual: torch.Tensor, update: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(residual + update), residual + update), ``norm`` an nn.RMSNorm: one Triton kernel each
+    way for plain CUDA tensors in eager steps (``add_norm_kernel.AddRMSNorm``), torch's ops otherwise
+    (under torch.compile Inductor fuses them itself; a DTensor, autocast)."""
+    weight = norm.weight
+    if residual.is_cuda and eager_plain(residual) and eager_plain(update) and type(weight.data) is torch.Tensor:
+        from sweepbench.train.add_norm_kernel import AddRMSNorm
+
+        eps = norm.eps if norm.eps is not None else torch.finfo(residual.dtype).eps
+        return AddRMSNorm.apply(residual, update, weight, eps)
+    total = residual + update
+    return norm(total), total
+
+
+class FusedBlock(Block):
+    """The block on a residual stream passed on as (residual, update), not yet added: each residual
+    add is one kernel with the RMSNorm that reads its sum (:func:`add_norm`). ``update`` None: ``x``
+    is the whole stream (the first block of a stage)."""
+
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, update: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if update is None:
+            n = self.attention_norm(x)
+        else:
+            n, x = add_norm(x, update, self.attention_norm)
+        n, h = add_norm(x, self.attention(n, cos, sin), self.ffn_norm)
+        return h, self.feed_forward(n)
+
+
+class FusedTransformer(Transformer):
+    """The decoder over :class:`FusedBlock` s: the last update added by the final norm's
+    :func:`add_norm` (by a plain add on a stage without it)."""
+
+    def run_blocks(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        update = None
+        for layer in self.layers.values():
+            h, update = layer(h, cos, sin, update)
+        if update is None:  # no blocks
+            return self.norm(h) if self.norm is not None else h
+        return add_norm(h, update, self.norm)[0] if self.norm is not None else h + update
+
+
 def chunk_mem_const(tokens: int, hidden: int, vocab: int) -> int:
     """liger's ``chunk_mem_const`` (a chunk's logits hold at most about that many times tokens x
     hidden elements) for chunks of :data:`CHUNK_ROWS` rows where the vocabulary is large against the
@@ -112,6 +166,10 @@ def apply(model: Transformer, fused: str) -> None:
     hd = model.shape.head_dim
     for ffn in [m for m in model.modules() if isinstance(m, FeedForward)]:
         ffn.__class__ = LigerFeedForward
+    for block in [m for m in model.modules() if type(m) is Block]:
+        block.__class__ = FusedBlock
+    if type(model) is Transformer:
+        model.__class__ = FusedTransformer
     rope = LigerRope()
     for att in [m for m in model.modules() if isinstance(m, Attention)]:
         att.rope_fn = rope

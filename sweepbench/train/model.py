@@ -44,7 +44,7 @@ class LoRALinear(nn.Module):
         return torch.add(F.linear(x, self.weight), F.linear(F.linear(x, self.lora_a), self.lora_b), alpha=self.scale)
 
 
-def _eager_plain(x: torch.Tensor) -> bool:
+def eager_plain(x: torch.Tensor) -> bool:
     """Whether a hand-written autograd function may take ``x``: a plain tensor (a tensor-parallel
     DTensor goes through torch's ops), no autocast (it casts what F.linear sees), not under
     torch.compile (Inductor fuses the unfused ops itself)."""
@@ -54,9 +54,9 @@ def _eager_plain(x: torch.Tensor) -> bool:
 
 
 def _fusable(x: torch.Tensor, layers: list[LoRALinear]) -> bool:
-    """Whether :class:`_LoRAGroup` may run these layers: :func:`_eager_plain`, plain weights of
+    """Whether :class:`_LoRAGroup` may run these layers: :func:`eager_plain`, plain weights of
     ``x``'s dtype (a DTensor or a quantized weight goes through torch's ops), the weights frozen."""
-    if not _eager_plain(x):
+    if not eager_plain(x):
         return False
     return all(
         type(t) in (torch.Tensor, nn.Parameter) and t.dtype == x.dtype
@@ -173,12 +173,12 @@ class _FrozenGroup(torch.autograd.Function):
 def frozen_group(x: torch.Tensor, layers: list[nn.Module]) -> list[torch.Tensor]:
     """Plain linear layers (each reading ``x``) applied to ``x``: in one :class:`_FrozenGroup` where
     their weights are frozen parameters of ``x``'s dtype (no DTensor or quantized weight) and
-    :func:`_eager_plain` holds, else one by one."""
+    :func:`eager_plain` holds, else one by one."""
     weights = [getattr(m, "weight", None) for m in layers]
     if (
         x.requires_grad
         and all(type(m) is nn.Linear and m.bias is None for m in layers)
-        and _eager_plain(x)
+        and eager_plain(x)
         and all(type(w) is nn.Parameter and w.dtype == x.dtype and not w.requires_grad for w in weights)
     ):
         return list(_FrozenGroup.apply(x, *weights))
@@ -323,13 +323,16 @@ class Transformer(nn.Module):
                 self._rope_kept = kept = (key, make())
         return kept[1]
 
-    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
-        cos, sin = self._rope(x.shape[1], h.device)
+    def run_blocks(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The blocks, then the final norm where this stage holds it (``fused.FusedTransformer``
+        carries the residual stream between its blocks as a sum not yet added)."""
         for layer in self.layers.values():
             h = layer(h, cos, sin)
-        if self.norm is not None:
-            h = self.norm(h)
+        return self.norm(h) if self.norm is not None else h
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        h = self.run_blocks(h, *self._rope(x.shape[1], h.device))
         if targets is not None:  # the loss, through a fused head that never materialises the logits
             assert self.fused_loss is not None and self.output is not None
             return self.fused_loss(self.output.weight, h, targets)
