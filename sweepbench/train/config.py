@@ -58,7 +58,8 @@ class TrainKnobs:
     impl: str = "ours"
     # none | nf4 (frozen base linears in 4-bit NF4 via bitsandbytes; needs lora_rank > 0, ddp for dp)
     quant: str = "none"
-    # none | liger (liger-kernel SwiGLU, RoPE, fused linear cross-entropy; CUDA only)
+    # none | liger (liger-kernel SwiGLU, RoPE, fused linear cross-entropy; the residual add + RMSNorm as
+    # the engine's own Triton kernels; CUDA only)
     fused: str = "none"
     # true: variable-length documents packed per row, attention within documents; tokens/s of real tokens
     padding_free: bool = False

@@ -26,7 +26,9 @@ REFERENCE_QUANTS: Registry[Apply] = Registry("reference quantization")
 REFERENCE_QUANTS.declare("nf4_dense", "sweepbench.train.quant:apply")
 FUSED: Registry[Apply] = Registry("fused kernels", ordered=True)
 FUSED.add("none", None)
-FUSED.declare("liger", "sweepbench.train.fused:apply")  # liger-kernel: SwiGLU, RoPE, fused linear CE
+FUSED.declare(
+    "liger", "sweepbench.train.fused:apply"
+)  # liger-kernel: SwiGLU, RoPE, fused linear CE; add + RMSNorm: ours
 # knob -> its default (a peer implementation is refused a knob set away from it); tp_sp and async_tp
 # count only where tp > 1
 DEFAULTS = {
