@@ -136,6 +136,17 @@ def concurrently(*calls: Callable[[], T], workers: int = 0) -> list[T]:
         return [f.result() for f in [pool.submit(call) for call in calls]]
 
 
+def run_interpreted(module: str) -> str:
+    """``module.check()`` in a fresh interpreter with Triton's interpreter on (``TRITON_INTERPRET=1``:
+    Triton kernels run on CPU tensors); its printed output, after asserting it exited 0."""
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", f"from {module} import check; check()"], capture_output=True,
+                          text=True, cwd=root, timeout=300,
+                          env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.strip()
+
+
 def wandb_inspect(run_dir: str | Path) -> dict[str, Any]:
     """Read an offline wandb run back with wandb's own reader."""
     proc = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--summary", "--json",

@@ -2,14 +2,9 @@
 Triton's interpreter on CPU tensors: it writes what the eager merge writes, into full tensors and into row
 slices of an accumulator, for fp32 and bf16 outputs, rows with no keys yet (LSE -inf) included."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from ..conftest import run_interpreted
 
 
 def check() -> None:
@@ -39,8 +34,4 @@ def check() -> None:
 
 
 def test_merge_kernel_matches_the_eager_merge():
-    proc = subprocess.run([sys.executable, "-c", "from tests.attention.test_merge_kernel import check; check()"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300,
-                          env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)})
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.strip() == "merge kernel ok"
+    assert run_interpreted("tests.attention.test_merge_kernel") == "merge kernel ok"

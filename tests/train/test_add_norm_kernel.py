@@ -4,15 +4,10 @@ F.rms_norm give, for fp32 and bf16, the weight trained or frozen, with and witho
 the sum from its other reader, at a width that is not a power of two and a row count that is not a
 multiple of the backward's rows per program."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[2]
+from ..conftest import run_interpreted
 
 
 def check() -> None:
@@ -47,8 +42,4 @@ def check() -> None:
 
 
 def test_add_norm_kernels_match_torchs_add_and_rms_norm():
-    proc = subprocess.run([sys.executable, "-c", "from tests.train.test_add_norm_kernel import check; check()"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300,
-                          env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)})
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.strip() == "add norm kernels ok"
+    assert run_interpreted("tests.train.test_add_norm_kernel") == "add norm kernels ok"
