@@ -117,8 +117,8 @@ class FusedTransformer(Transformer):
         update = None
         for layer in self.layers.values():
             h, update = layer(h, cos, sin, update)
-        if update is None:  # no blocks
-            return self.norm(h) if self.norm is not None else h
+        if update is None:  # no blocks: the plain decoder's final norm
+            return super().run_blocks(h, cos, sin)
         return add_norm(h, update, self.norm)[0] if self.norm is not None else h + update
 
 

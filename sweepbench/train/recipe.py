@@ -26,9 +26,8 @@ REFERENCE_QUANTS: Registry[Apply] = Registry("reference quantization")
 REFERENCE_QUANTS.declare("nf4_dense", "sweepbench.train.quant:apply")
 FUSED: Registry[Apply] = Registry("fused kernels", ordered=True)
 FUSED.add("none", None)
-FUSED.declare(
-    "liger", "sweepbench.train.fused:apply"
-)  # liger-kernel: SwiGLU, RoPE, fused linear CE; add + RMSNorm: ours
+# liger-kernel: SwiGLU, RoPE, fused linear CE; the residual add + RMSNorm: the engine's own kernels
+FUSED.declare("liger", "sweepbench.train.fused:apply")
 # knob -> its default (a peer implementation is refused a knob set away from it); tp_sp and async_tp
 # count only where tp > 1
 DEFAULTS = {
