@@ -12,6 +12,7 @@ import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
@@ -134,6 +135,14 @@ def concurrently(*calls: Callable[[], T], workers: int = 0) -> list[T]:
     take little longer than one."""
     with ThreadPoolExecutor(workers or len(calls)) as pool:
         return [f.result() for f in [pool.submit(call) for call in calls]]
+
+
+def run_sweeps(grids: dict[str, list[str]], root: Path, *, workers: int = 0, **kwargs: Any) -> dict[str, SweepRun]:
+    """``run_sweepbench(grid, sweep_dir=root / name, **kwargs)`` for each named grid, side by side
+    (:func:`concurrently`, ``workers`` at a time)."""
+    runs = concurrently(*(partial(run_sweepbench, grid, sweep_dir=root / name, **kwargs) for name, grid in grids.items()),
+                        workers=workers)
+    return dict(zip(grids, runs))
 
 
 def run_interpreted(module: str) -> str:

@@ -9,7 +9,6 @@ import os
 import re
 import sys
 import time
-from functools import partial
 from pathlib import Path
 
 from typing import Any
@@ -18,7 +17,7 @@ from omegaconf import OmegaConf
 
 from sweepbench.launch import preload
 
-from ..conftest import TINY, run_sweepbench
+from ..conftest import TINY, base_env, run_sweepbench, run_sweeps
 
 
 def _jobs(sweep_dir: Path) -> list[dict]:
@@ -262,14 +261,11 @@ def test_the_fork_server_imports_once_what_a_sweeps_benchmark_names_for_its_rank
     imports it nowhere. Python's import-time report (PYTHONPROFILEIMPORTTIME) names what each
     process imported itself: the driver's and its fork server's on the sweep's stderr, a rank's in
     its log."""
-    from ..conftest import base_env, concurrently
-
     train = ["benchmark=train", "model=tiny", "backend=gloo", "parallelism=tp1", "benchmark.warmup=1",
              "benchmark.iters=2", "wandb.mode=disabled"]
     grids = {"forked": train, "fresh": [*train, "launch.preload=false"], "collective": [*TINY, "parallelism=tp2"]}
     env = base_env(PYTHONPROFILEIMPORTTIME="1")
-    runs = dict(zip(grids, concurrently(*(partial(run_sweepbench, args, sweep_dir=tmp_path / how, env=env)
-                                          for how, args in grids.items()))))
+    runs = run_sweeps(grids, tmp_path, env=env)
     dynamo = re.compile(r"\| torch\._dynamo$", re.M)
     imported = {}
     for how, run in runs.items():

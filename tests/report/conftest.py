@@ -6,12 +6,11 @@ from __future__ import annotations
 import contextlib
 import io
 import subprocess
-from functools import partial
 from pathlib import Path
 
 import pytest
 
-from ..conftest import TINY, SweepRun, concurrently, run_sweepbench
+from ..conftest import TINY, SweepRun, run_sweeps
 from .answer_sweeps import answer_sweeps  # noqa: F401 (one session fixture for every module of tests/report)
 
 REPORT_SWEEPS = {
@@ -50,9 +49,7 @@ SLOW = ["fault.kind=slow", f"fault.factor={SLOW_FACTOR}"]
 def _run_all(grids: dict[str, list[str]], root: Path, *, workers: int = 0) -> dict[str, SweepRun]:
     """The sweeps at the same time (a 2-core box spends much of a sweep starting processes), or
     ``workers`` at a time."""
-    runs = concurrently(*(partial(run_sweepbench, v, sweep_dir=root / k, cwd=root, timeout=280)
-                          for k, v in grids.items()), workers=workers)
-    return dict(zip(grids, runs))
+    return run_sweeps(grids, root, workers=workers, cwd=root, timeout=280)
 
 
 @pytest.fixture(scope="session")

@@ -7,13 +7,12 @@ one by one, counting real tokens. Bad combinations are refused in one line befor
 from __future__ import annotations
 
 import csv
-from functools import partial
 from typing import Any
 
 import pytest
 import torch
 
-from ..conftest import SweepRun, concurrently, planned_tag, refusal, run_sweepbench
+from ..conftest import SweepRun, planned_tag, refusal, run_sweepbench, run_sweeps
 
 FAST = ["benchmark=train", "model=tiny", "backend=gloo", "benchmark.warmup=1", "benchmark.iters=3",
         "wandb.mode=disabled", "benchmark.lora_rank=8"]
@@ -25,12 +24,11 @@ PACKED = ["parallelism=dp2", "benchmark.padding_free=true", "benchmark.ac=full",
 @pytest.fixture(scope="module")
 def sweeps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SweepRun]:
     root = tmp_path_factory.mktemp("train_fms")
-    grids = {"peers": PEERS, "quant": QUANT, "packed": PACKED}
-    runs = concurrently(*(partial(run_sweepbench, [*FAST, *args], sweep_dir=root / name, timeout=600)
-                          for name, args in grids.items()))
-    for run in runs:
+    runs = run_sweeps({name: [*FAST, *args] for name, args in (("peers", PEERS), ("quant", QUANT), ("packed", PACKED))},
+                      root, timeout=600)
+    for run in runs.values():
         assert run.rc == 0, run.describe()
-    return dict(zip(grids, runs))
+    return runs
 
 
 def _verified(m: dict[str, Any], rel: float) -> None:
