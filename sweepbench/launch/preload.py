@@ -366,7 +366,12 @@ def _kept_main(conn: Any, env: dict[str, Any], log: str) -> None:
             torch._dynamo.reset()
         fresh.restore()  # and no setting a job changed (async TP's inductor switch, cuDNN's flags) carries over
         if torch.cuda.is_initialized():
-            torch.cuda.empty_cache()  # what this job's allocator kept goes back: the next job's peaks are its own
+            # what this job's allocator kept goes back: the next job's peaks are its own. cuBLAS's
+            # workspaces (allocator blocks it keeps per handle and stream) go first: one left inside a
+            # large segment kept the whole segment reserved, which the next job then reused where
+            # NVML, sampling above the job's starting level, could not see it
+            torch._C._cuda_clearCublasWorkspaces()
+            torch.cuda.empty_cache()
         try:
             env, log = conn.recv()
         except (EOFError, OSError):

@@ -3,7 +3,8 @@
 torch's allocator: peak active / allocated / reserved bytes, allocator retries (cudaMalloc retried
 after freeing its cache) and OOMs. NVML: the device's used memory, sampled by a thread every few
 milliseconds while the steps run; reported as the peak minus the level the job started at (what
-the job itself added: CUDA context, NCCL buffers and allocator cache included). On a CPU neither
+the job itself added: NCCL buffers and the allocator's cache included; the CUDA context, made as the
+rank starts, not; a kept rank starts a job with its allocator's cache handed back). On a CPU neither
 exists: both are None, and the host's peak RSS is reported instead, with the peak of the
 process's anonymous memory above the job's start (``HostSampler``: the job's own tensors)."""
 
