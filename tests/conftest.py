@@ -290,6 +290,51 @@ def refusal(compose: Callable[..., DictConfig], *overrides: str) -> str:
     return text
 
 
+# ---------------------------------------------------------------- mypy beside the suite
+# mypy over the package takes about a minute of one core, and the suite leaves a core idle for much of
+# its run (ranks start, import and wait on each other; SLURM polls). So when its test is among the
+# session's, mypy starts as the tests do, at a lower priority, and the test reads what it said.
+MYPY_TEST = "tests/house/test_lint.py::test_mypy_is_clean_over_the_package"
+_mypy: dict[str, Any] = {}
+
+
+def _start_mypy() -> None:
+    import tempfile
+
+    out = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen([sys.executable, "-m", "mypy"], cwd=Path(__file__).resolve().parents[1],
+                            stdout=out, stderr=subprocess.STDOUT, text=True, preexec_fn=lambda: os.nice(10))
+    _mypy.update(proc=proc, out=out)
+
+
+def mypy_result(timeout: float) -> tuple[int, str]:
+    """``python -m mypy`` over the package: its exit status and output, from the run started with the
+    session where there is one, else from a run now."""
+    if "proc" not in _mypy:
+        _start_mypy()
+    proc, out = _mypy["proc"], _mypy["out"]
+    try:
+        rc = proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out.seek(0)
+    return rc, out.read()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if any(item.nodeid == MYPY_TEST for item in session.items):
+        _start_mypy()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    proc = _mypy.get("proc")
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 # ---------------------------------------------------------------- markers
 # What a test needs beyond Python: `slurm` (the SLURM daemons tests/slurm starts, as root), `browser`
 # (Chromium loads a page), `root` (mounts a tmpfs for a real full disk). A user without root or apt

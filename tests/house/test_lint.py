@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..conftest import mypy_result
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -40,6 +42,7 @@ def test_ruff_format_check_catches_a_file_laid_out_by_hand(tmp_path: Path) -> No
 
 
 def test_mypy_is_clean_over_the_package() -> None:
-    # one run over sweepbench and hydra_plugins, as pyproject's [tool.mypy] names them (about a minute cold)
-    proc = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True, timeout=290)
-    assert proc.returncode == 0, proc.stdout + proc.stderr + "\n(run: python -m mypy)"
+    # one run over sweepbench and hydra_plugins, as pyproject's [tool.mypy] names them (about a minute
+    # cold), started with the session (tests/conftest.py)
+    rc, output = mypy_result(timeout=290)
+    assert rc == 0, output + "\n(run: python -m mypy)"

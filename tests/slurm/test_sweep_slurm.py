@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from sweepbench.slurm.tasks import master_port
 
-from ..conftest import SMALL, TINY, SweepRun, planned_tag, run_sweepbench, wandb_inspect
+from ..conftest import SMALL, TINY, SweepRun, planned_tag, run_sweepbench, run_sweeps, wandb_inspect
 from .cluster import FINAL_STATES, SlurmCluster
 from .sweeps import (
     BackgroundSweep,
@@ -59,18 +59,23 @@ def time_limit_sweep(slurm_cluster: SlurmCluster,
 
 
 @pytest.fixture(scope="module")
-def slurm_sweep(slurm_cluster: SlurmCluster, time_limit_sweep: BackgroundSweep,
-                tmp_path_factory: pytest.TempPathFactory) -> SweepRun:
-    run = run_sweepbench([*SLURM, *GRID], sweep_dir=tmp_path_factory.mktemp("slurm") / "sweep")
-    assert run.rc == 0, run.describe()
-    return run
+def grid_sweeps(slurm_cluster: SlurmCluster, time_limit_sweep: BackgroundSweep,
+                tmp_path_factory: pytest.TempPathFactory) -> dict[str, SweepRun]:
+    """The grid on SLURM and locally, side by side (the SLURM one mostly waits on its polls)."""
+    runs = run_sweeps({"slurm": [*SLURM, *GRID], "local": GRID}, tmp_path_factory.mktemp("grid"))
+    for run in runs.values():
+        assert run.rc == 0, run.describe()
+    return runs
 
 
 @pytest.fixture(scope="module")
-def local_sweep(tmp_path_factory: pytest.TempPathFactory) -> SweepRun:
-    run = run_sweepbench(GRID, sweep_dir=tmp_path_factory.mktemp("local") / "sweep")
-    assert run.rc == 0, run.describe()
-    return run
+def slurm_sweep(grid_sweeps: dict[str, SweepRun]) -> SweepRun:
+    return grid_sweeps["slurm"]
+
+
+@pytest.fixture(scope="module")
+def local_sweep(grid_sweeps: dict[str, SweepRun]) -> SweepRun:
+    return grid_sweeps["local"]
 
 
 # ---------------------------------------------------------------- a sweep on SLURM
