@@ -234,8 +234,11 @@ class TrainBenchmark(Benchmark):
                 "`median_ms`: one optimizer step; `mfu_pct` by torchtitan's formula, 6·(N − N_embedding) + "
                 "6·L·H·2·d_head·S FLOPs per token, against the GPU's dense bf16 peak.",
                 "Memory two ways, the most of any rank: `peak_allocated_gib`, torch's allocator peak; "
-                "`nvml_peak_gib`, the device's used memory as NVML reports it, sampled apart from the step "
-                "(empty where the run did not record it).",
+                "`nvml_peak_gib`, the device's used memory as NVML reports it, sampled apart from the step, "
+                "above the level the job started at (empty where the run did not record it). Below "
+                "`peak_allocated_gib` in runs before `train_h200x1_2026-11-29_nvml_kept_ranks` where the job ran "
+                "in a kept rank: cuBLAS's workspaces kept a segment of the job before reserved, which the job "
+                "reused unseen (that run's notes).",
                 "`mfu_target`: llama3_1b on one GPU at 8192 tokens, no activation checkpointing: 50% eager and "
                 "55% compiled with bf16 weights, 46% and 53% with fp32 master weights (mixed); llama3_8b dp2 at "
                 "8192 tokens: 50%.",
