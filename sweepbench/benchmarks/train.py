@@ -236,9 +236,10 @@ class TrainBenchmark(Benchmark):
                 "Memory two ways, the most of any rank: `peak_allocated_gib`, torch's allocator peak; "
                 "`nvml_peak_gib`, the device's used memory as NVML reports it, sampled apart from the step, "
                 "above the level the job started at (empty where the run did not record it). Below "
-                "`peak_allocated_gib` in runs before `train_h200x1_2026-11-29_nvml_kept_ranks` where the job ran "
-                "in a kept rank: cuBLAS's workspaces kept a segment of the job before reserved, which the job "
-                "reused unseen (that run's notes).",
+                "`peak_allocated_gib` only in older runs: jobs run in a kept rank before "
+                "`train_h200x1_2026-11-29_nvml_kept_ranks` (cuBLAS's workspaces kept a segment of the job before "
+                "reserved, which the job reused unseen: that run's notes), and `train_h200x2_2026-11-27_llama3_8b` "
+                "(its sampler read other GPUs: its notes).",
                 "`mfu_target`: llama3_1b on one GPU at 8192 tokens, no activation checkpointing: 50% eager and "
                 "55% compiled with bf16 weights, 46% and 53% with fp32 master weights (mixed); llama3_8b dp2 at "
                 "8192 tokens: 50%.",
