@@ -4,7 +4,9 @@ torch's allocator: peak active / allocated / reserved bytes, allocator retries (
 after freeing its cache) and OOMs. NVML: the device's used memory, sampled by a thread every few
 milliseconds while the steps run; reported as the peak minus the level the job started at (what
 the job itself added: NCCL buffers and the allocator's cache included; the CUDA context, made as the
-rank starts, not; a kept rank starts a job with its allocator's cache handed back). On a CPU neither
+rank starts, not; a kept rank starts a job with its allocator's cache handed back), and by how much
+it falls short of the allocator's reserved peak (``nvml_shortfall_bytes``: only where the job
+reused memory reserved before it started, a warning past a few MiB). On a CPU neither
 exists: both are None, and the host's peak RSS is reported instead, with the peak of the
 process's anonymous memory above the job's start (``HostSampler``: the job's own tensors)."""
 
@@ -55,11 +57,14 @@ class NvmlSampler:
 
         return int(pynvml.nvmlDeviceGetMemoryInfo(self.handle).used)
 
+    def _sample(self) -> None:
+        used = self._used()
+        if used is not None and (self.peak is None or used > self.peak):
+            self.peak = used
+
     def _loop(self) -> None:
         while not self._stop.wait(self.period_s):
-            used = self._used()
-            if used is not None and (self.peak is None or used > self.peak):
-                self.peak = used
+            self._sample()
 
     def resume(self) -> None:
         if self.handle is not None and self._thread is None:
@@ -72,11 +77,34 @@ class NvmlSampler:
             self._stop.set()
             self._thread.join()
             self._thread = None
+            # and once more as it stops: steps shorter than the period are sampled too (the
+            # allocator's reserved memory does not shrink while they run)
+            self._sample()
 
     def peak_above_start(self) -> int | None:
         if self.peak is None or self.start_level is None:
             return None
         return self.peak - self.start_level
+
+    def shortfall(self, peak_reserved: int | None) -> int | None:
+        """Bytes by which the NVML peak above the start falls short of torch's reserved peak
+        (:func:`nvml_shortfall`); None where either is unknown."""
+        return nvml_shortfall(self.peak_above_start(), peak_reserved)
+
+
+# what NVML's figure may fall short of the allocator's by: a few MiB of small blocks reserved before
+# the job and reused by it; beyond this, the job reused memory held before it started
+NVML_SHORTFALL_SLACK = 64 << 20
+
+
+def nvml_shortfall(nvml_above_start: int | None, peak_reserved: int | None) -> int | None:
+    """How far a job's NVML peak above its start falls below torch's reserved peak over the job (0
+    where it does not): every byte the allocator reserves is device memory NVML counts, so NVML's
+    figure is the smaller only where the job reused memory reserved before it started, which NVML
+    saw at the start and never again, and then it undercounts the job. None where either is."""
+    if nvml_above_start is None or peak_reserved is None:
+        return None
+    return max(0, peak_reserved - nvml_above_start)
 
 
 def anon_rss_bytes() -> int | None:

@@ -7,6 +7,7 @@ Every rank runs this with the same config (``train.config.TrainJob``); the retur
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from sweepbench.train.packing import PackedTask, PaddedTask
 from sweepbench.train.flops import bf16_peak, matmul_ceiling
 from sweepbench.train.memory import (
     GIB,
+    NVML_SHORTFALL_SLACK,
     HostSampler,
     NvmlSampler,
     current_bytes,
@@ -45,6 +47,8 @@ from sweepbench.train.verify import (
     verify_depth,
 )
 from sweepbench.core import VerificationError
+
+log = logging.getLogger(__name__)
 
 
 # LoRA's adapters learn at lr * lora_lr_scale * min(1, LORA_LR_WIDTH / hidden size): Adam moves every
@@ -182,13 +186,24 @@ def run_training(job: TrainJob, *, rank: int, device: torch.device, job_dir: Pat
     case_done(f"{job.iters} steps timed: median {stats['median_s']:.3g} s", total=2)
     losses += global_losses(local, holds_loss=trainer.holds_loss)
     first_loss, last_loss = check_learning(losses)
+    torch_peaks = torch_memory(device)
     memory = {
-        **torch_memory(device),
+        **torch_peaks,
         "nvml_peak_bytes": nvml.peak_above_start(),
         "nvml_start_bytes": nvml.start_level,
+        "nvml_shortfall_bytes": nvml.shortfall(torch_peaks["peak_reserved_bytes"]),
         "host_peak_rss_bytes": host_peak_rss_bytes(),  # this job's: its rank reset the peak at its start
         "host_peak_anon_bytes": host.stop(),
     }
+
+    nvml_peak, short = memory["nvml_peak_bytes"], memory["nvml_shortfall_bytes"]
+    if nvml_peak is not None and short is not None and short > NVML_SHORTFALL_SLACK:
+        log.warning(
+            "NVML's peak above this job's start (%.3f GiB) is %.3f GiB under torch's reserved peak: the job "
+            "reused memory reserved before it started, and the NVML figure undercounts it",
+            nvml_peak / GIB,
+            short / GIB,
+        )
 
     # derived rates
     step_tokens = tokens_per_step(plan, task, range(step_no + job.warmup, step_no + job.warmup + job.iters))
