@@ -40,6 +40,8 @@ SWEEP_TIMEOUT_S = 240
 TERMINAL = {"TTY_COMPATIBLE": "1", "NO_COLOR": "1", "TERM": "dumb"}
 
 
+REPO = Path(__file__).resolve().parents[1]  # the checkout the tests run from
+
 # the store of baselines the test session's sweeps share (not the user's ~/.cache), removed at the end
 TEST_STORE = Path(os.environ.get("TMPDIR", "/tmp")) / f"sweepbench-test-store-{os.getpid()}"
 
@@ -148,10 +150,9 @@ def run_sweeps(grids: dict[str, list[str]], root: Path, *, workers: int = 0, **k
 def run_interpreted(module: str) -> str:
     """``module.check()`` in a fresh interpreter with Triton's interpreter on (``TRITON_INTERPRET=1``:
     Triton kernels run on CPU tensors); its printed output, after asserting it exited 0."""
-    root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, "-c", f"from {module} import check; check()"], capture_output=True,
-                          text=True, cwd=root, timeout=300,
-                          env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)})
+                          text=True, cwd=REPO, timeout=300,
+                          env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout.strip()
 
@@ -302,7 +303,7 @@ def _start_mypy() -> None:
     import tempfile
 
     out = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen([sys.executable, "-m", "mypy"], cwd=Path(__file__).resolve().parents[1],
+    proc = subprocess.Popen([sys.executable, "-m", "mypy"], cwd=REPO,
                             stdout=out, stderr=subprocess.STDOUT, text=True, preexec_fn=lambda: os.nice(10))
     _mypy.update(proc=proc, out=out)
 

@@ -86,11 +86,6 @@ class NvmlSampler:
             return None
         return self.peak - self.start_level
 
-    def shortfall(self, peak_reserved: int | None) -> int | None:
-        """Bytes by which the NVML peak above the start falls short of torch's reserved peak
-        (:func:`nvml_shortfall`); None where either is unknown."""
-        return nvml_shortfall(self.peak_above_start(), peak_reserved)
-
 
 # what NVML's figure may fall short of the allocator's by: a few MiB of small blocks reserved before
 # the job and reused by it; beyond this, the job reused memory held before it started

@@ -28,6 +28,7 @@ from sweepbench.train.memory import (
     HostSampler,
     NvmlSampler,
     current_bytes,
+    nvml_shortfall,
     reset_torch_peaks,
     torch_memory,
 )
@@ -186,17 +187,17 @@ def run_training(job: TrainJob, *, rank: int, device: torch.device, job_dir: Pat
     case_done(f"{job.iters} steps timed: median {stats['median_s']:.3g} s", total=2)
     losses += global_losses(local, holds_loss=trainer.holds_loss)
     first_loss, last_loss = check_learning(losses)
-    torch_peaks = torch_memory(device)
+    torch_peaks, nvml_peak = torch_memory(device), nvml.peak_above_start()
+    short = nvml_shortfall(nvml_peak, torch_peaks["peak_reserved_bytes"])
     memory = {
         **torch_peaks,
-        "nvml_peak_bytes": nvml.peak_above_start(),
+        "nvml_peak_bytes": nvml_peak,
         "nvml_start_bytes": nvml.start_level,
-        "nvml_shortfall_bytes": nvml.shortfall(torch_peaks["peak_reserved_bytes"]),
+        "nvml_shortfall_bytes": short,
         "host_peak_rss_bytes": host_peak_rss_bytes(),  # this job's: its rank reset the peak at its start
         "host_peak_anon_bytes": host.stop(),
     }
 
-    nvml_peak, short = memory["nvml_peak_bytes"], memory["nvml_shortfall_bytes"]
     if nvml_peak is not None and short is not None and short > NVML_SHORTFALL_SLACK:
         log.warning(
             "NVML's peak above this job's start (%.3f GiB) is %.3f GiB under torch's reserved peak: the job "
