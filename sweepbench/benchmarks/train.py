@@ -100,6 +100,8 @@ def _variant(s: dict[str, Any], *, pp: int) -> str:
         parts.append("padding-free")
     if s.get("documents") and not s.get("padding_free"):
         parts.append("padded documents")
+    if (s.get("steps_per_sample") or 1) > 1:
+        parts.append(f"timed {s['steps_per_sample']} steps back to back")
     return ", ".join(parts)
 
 
@@ -297,6 +299,7 @@ class TrainBenchmark(Benchmark):
             "achieved_tflops_per_gpu": r["achieved_flops"] / 1e12,
             "ceiling_tflops": r["ceiling_flops"] / 1e12,
             "peak_tflops": r["peak_flops"] / 1e12 if on_peak else None,
+            "steps_per_sample": b.steps_per_sample,  # 1: each step timed alone; k: k back to back, per step
             "step_median_s": stats["median_s"],
             "step_iqr_s": stats["iqr_s"],
             "step_min_s": stats["min_s"],
@@ -318,6 +321,7 @@ class TrainBenchmark(Benchmark):
             **stats,
             "warmup": job.warmup,
             "iters": job.iters,
+            "steps_per_sample": b.steps_per_sample,
             "loss_per_step": r["losses"],
             "tokens_per_step": plan.tokens_per_step,
             "global_batch": plan.global_batch,
@@ -354,6 +358,7 @@ class TrainBenchmark(Benchmark):
             "files": r["files"],
             "context_parallel": r["cp"],
             "recipe": r["recipe"],
+            "sampling": r["sampling"],
         }
         return BenchmarkResult(cases=[case], summary=summary, verified=True, extra=extra)
 

@@ -46,6 +46,10 @@ class TrainKnobs:
     lora_lr_scale: float = 10.0
     seed: int = 0
     verify_steps: int = 2  # first steps whose loss must match the single-device reference
+    # timed steps per sample: 1 = each step timed alone, from an idle device; k > 1 = k steps back to back
+    # between one pair of events, reported per step (a training loop's pace: the host queues a step's
+    # launches while the device runs the step before)
+    steps_per_sample: int = 1
     verify_layers: int = 0  # 0 = full depth where the reference fits one device, else 2 layers
     # torch.profiler window (after the timed steps) + TensorBoard scalars in the job dir
     profile: bool = False

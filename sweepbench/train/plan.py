@@ -212,7 +212,7 @@ def _check_options(k: TrainKnobs) -> None:
     _choice("dp_shard", k.dp_shard, DP_SHARDS)
     _choice("pp_schedule", k.pp_schedule, schedule_names())
     _choice("fp8_recipe", k.fp8_recipe, FP8_RECIPES)
-    for key in ("seq_len", "micro_batch", "verify_steps", "profile_active"):
+    for key in ("seq_len", "micro_batch", "verify_steps", "profile_active", "steps_per_sample"):
         if getattr(k, key) < 1:
             raise ValueError(f"benchmark.{key}={getattr(k, key)} must be a positive integer")
     for key in ("global_batch", "lora_rank", "profile_skip", "profile_warmup", "verify_layers"):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -61,16 +61,17 @@ def profile_window(
     return written
 
 
-def write_scalars(out_dir: Path, *, rank: int, series: dict[str, tuple[int, list[float]]]) -> str:
-    """One TensorBoard event file per rank: series tag -> (its first step, its values per step)."""
+def write_scalars(out_dir: Path, *, rank: int, series: dict[str, tuple[Sequence[int], list[float]]]) -> str:
+    """One TensorBoard event file per rank: series tag -> (the steps its values belong to, its values)."""
     from torch.utils.tensorboard import SummaryWriter
 
     log_dir = out_dir / "tensorboard" / f"rank{rank}"
     writer = SummaryWriter(log_dir=str(log_dir))
     try:
-        for tag, (first_step, values) in series.items():
-            for i, value in enumerate(values):
-                writer.add_scalar(tag, value, first_step + i)
+        for tag, (steps, values) in series.items():
+            assert len(steps) == len(values), (tag, len(steps), len(values))
+            for step, value in zip(steps, values):
+                writer.add_scalar(tag, value, step)
     finally:
         writer.close()
     return str(log_dir.relative_to(out_dir))

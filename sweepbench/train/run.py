@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from sweepbench.measure import summarize, time_iterations
+from sweepbench.measure.timing import sampling
 from sweepbench.measure.memory import host_peak_rss_bytes
 from sweepbench.measure.progress import case_done
 from sweepbench.train.config import TrainJob, TrainKnobs
@@ -171,7 +172,9 @@ def run_training(job: TrainJob, *, rank: int, device: torch.device, job_dir: Pat
     def step() -> None:
         local.append(trainer.step(*batches(next(counter))))
 
-    for s in range(step_no, step_no + job.warmup + job.iters):
+    per_sample = k.steps_per_sample
+    timed_from, timed_to = step_no + job.warmup, step_no + job.warmup + job.iters * per_sample
+    for s in range(step_no, timed_to):
         batches(s)  # made before timing
     reset_torch_peaks(device)
     nvml.resume()
@@ -181,6 +184,7 @@ def run_training(job: TrainJob, *, rank: int, device: torch.device, job_dir: Pat
         iters=job.iters,
         device=device,
         after=lambda: mem_per_step.append(current_bytes(device) / GIB),
+        ops_per_sample=per_sample,
     )
     nvml.pause()
     stats = summarize(times)
@@ -207,7 +211,7 @@ def run_training(job: TrainJob, *, rank: int, device: torch.device, job_dir: Pat
         )
 
     # derived rates
-    step_tokens = tokens_per_step(plan, task, range(step_no + job.warmup, step_no + job.warmup + job.iters))
+    step_tokens = tokens_per_step(plan, task, range(timed_from, timed_to))
     tokens_per_s = step_tokens / stats["median_s"]
     fpt = flops_per_token(shape, plan.seq_len, lora_rank=opts.lora_rank)
     achieved = tokens_per_s * fpt / plan.world_size  # model FLOP/s per device
@@ -230,14 +234,18 @@ def run_training(job: TrainJob, *, rank: int, device: torch.device, job_dir: Pat
             device=device,
             memory_snapshot=k.memory_snapshot,
         )
+        # a sample's figures at its last step; the memory also after the warm-up (after each of its steps
+        # where samples are single steps)
+        sample_ends = range(timed_from + per_sample - 1, timed_to, per_sample)
+        warm = range(step_no, timed_from) if per_sample == 1 else range(timed_from - bool(job.warmup), timed_from)
         files["tensorboard"] = write_scalars(
             out,
             rank=rank,
             series={
-                "loss": (0, losses),
-                "memory_gib": (step_no, mem_per_step),
-                "step_time_s": (step_no + job.warmup, times),
-                "tokens_per_s": (step_no + job.warmup, [plan.tokens_per_step / t for t in times]),
+                "loss": (range(len(losses)), losses),
+                "memory_gib": ([*warm, *sample_ends], mem_per_step),
+                "step_time_s": (sample_ends, times),
+                "tokens_per_s": (sample_ends, [plan.tokens_per_step / t for t in times]),
             },
         )
     return {
@@ -245,6 +253,7 @@ def run_training(job: TrainJob, *, rank: int, device: torch.device, job_dir: Pat
         "shape": shape,
         "times_s": times,
         "stats": stats,
+        "sampling": sampling(warmup=job.warmup, iters=job.iters, ops_per_sample=per_sample, device=device),
         "losses": losses,
         "reference_losses": reference,
         "verified_losses": verified,

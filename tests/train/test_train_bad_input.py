@@ -35,6 +35,8 @@ BAD = {
                        "benchmark.compile=true with parallelism.tp=2 fails on a CPU"),
     "cp_impl": (["parallelism=cp2", "benchmark.cp_impl=torch_cp"], "benchmark.cp_impl='torch_cp' cannot train here"),
     "ac": (["parallelism=dp2", "benchmark.ac=some"], "benchmark.ac='some' is not valid; choose one of none, selective, full"),
+    "steps_per_sample": (["parallelism=dp2", "benchmark.steps_per_sample=0"],
+                         "benchmark.steps_per_sample=0 must be a positive integer"),
 }
 
 
