@@ -1,0 +1,36 @@
+"""How the GPU ran a job's timed steps (measure/gpu_state.py): NVML's readings summarised, each
+clock-event reason that lowers the clock counted by its bit; without NVML (this machine) nothing is
+read and nothing summarised."""
+
+from __future__ import annotations
+
+import pytest
+
+from sweepbench.measure.gpu_state import GpuSample, power_limit_w, read_sample, summarize_gpu_state
+
+# readings of an H200 in a fused 1B LoRA sweep (docs/results/runs/
+# train_h200x1_2026-11-29_back_to_back_clocks/clocks.csv.gz): idle before the job (0x1), boosting with
+# no reason, at the power cap (0x4); and the last again with the software thermal bit (0x20) as well,
+# which that log never showed
+READINGS = [GpuSample(345, 80.31, 43, 0x1), GpuSample(1980, 81.71, 43, 0x0), GpuSample(1695, 654.85, 63, 0x4),
+            GpuSample(1710, 695.18, 65, 0x4), GpuSample(1620, 676.59, 67, 0x4), GpuSample(1620, 676.59, 67, 0x24)]
+
+
+def test_summary_of_readings() -> None:
+    s = summarize_gpu_state(READINGS, limit_w=700.0)
+    assert s is not None
+    assert (s["samples"], s["sm_mhz_median"], s["sm_mhz_min"], s["sm_mhz_max"]) == (6, 1657.5, 345, 1980)
+    assert (s["power_w_median"], s["power_w_max"], s["power_limit_w"]) == (pytest.approx(665.72), 695.18, 700.0)
+    assert (s["temperature_c_min"], s["temperature_c_max"]) == (43, 67)
+    # idle (0x1) holds no clock down; the power cap in 4 of 6 readings, software thermal in 1
+    assert s["limited_pct"] == pytest.approx({"power_cap": 400 / 6, "hw_slowdown": 0.0, "sw_thermal": 100 / 6,
+                                              "hw_thermal": 0.0, "hw_power_brake": 0.0})
+
+
+def test_no_readings_no_summary() -> None:
+    assert summarize_gpu_state([], limit_w=None) is None
+
+
+def test_without_nvml_nothing_is_read() -> None:
+    # no GPU and no NVML library here: NVML refuses, and the reading is None rather than an error
+    assert read_sample(None) is None and power_limit_w(None) is None
