@@ -67,12 +67,11 @@ def _gpu_columns(states: list[dict[str, Any] | None]) -> dict[str, Any]:
     rank's median SM clock, and the most of any rank's median power, share of samples held at the
     power cap and temperature; None on CPUs or without NVML."""
     have = [g for g in states if g]
-    pick = (lambda f, key: f(g[key] for g in have)) if have else (lambda f, key: None)
     return {
-        "gpu_sm_mhz_median": pick(min, "sm_mhz_median"),
-        "gpu_power_w_median": pick(max, "power_w_median"),
-        "gpu_power_capped_pct": max(g["limited_pct"]["power_cap"] for g in have) if have else None,
-        "gpu_temperature_c_max": pick(max, "temperature_c_max"),
+        "gpu_sm_mhz_median": min((g["sm_mhz_median"] for g in have), default=None),
+        "gpu_power_w_median": _max(have, "power_w_median"),
+        "gpu_power_capped_pct": max((g["limited_pct"]["power_cap"] for g in have), default=None),
+        "gpu_temperature_c_max": _max(have, "temperature_c_max"),
     }
 
 

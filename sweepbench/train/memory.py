@@ -68,7 +68,7 @@ class NvmlSampler:
         if used is not None and (self.peak is None or used > self.peak):
             self.peak = used
         self._count += 1
-        if self.handle is not None and (state or self._count % self.state_every == 0):
+        if state or self._count % self.state_every == 0:
             sample = read_sample(self.handle)
             if sample is not None:
                 self.states.append(sample)
