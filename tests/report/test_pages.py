@@ -53,6 +53,7 @@ def test_contract_columns_of_the_committed_pages():
                          "model"],
            "collective": ["op", "size_bytes", "busbw_gbps", "nccl_tests_busbw_gbps", "ratio"],
            "refit": ["model", "src", "dst", "mode", "floor_ms", "ratio_to_floor"],
+           "reshard": ["suite", "case", "size_bytes", "floor_ms", "ratio_to_floor", "effective_gbps", "verified"],
            "train": ["model", "layout", "tokens_per_s_per_gpu", "mfu_pct"]}
     for bench, cols in own.items():
         pages = sorted(RESULTS.glob(f"{bench}_*.csv"))
