@@ -62,19 +62,6 @@ def _max(per_rank: list[dict[str, Any]], key: str) -> Any:
     return max(values) if values else None
 
 
-def _gpu_columns(states: list[dict[str, Any] | None]) -> dict[str, Any]:
-    """results.csv's view of how the GPUs ran the timed steps (measure/gpu_state.py): the lowest
-    rank's median SM clock, and the most of any rank's median power, share of samples held at the
-    power cap and temperature; None on CPUs or without NVML."""
-    have = [g for g in states if g]
-    return {
-        "gpu_sm_mhz_median": min((g["sm_mhz_median"] for g in have), default=None),
-        "gpu_power_w_median": _max(have, "power_w_median"),
-        "gpu_power_capped_pct": max((g["limited_pct"]["power_cap"] for g in have), default=None),
-        "gpu_temperature_c_max": _max(have, "temperature_c_max"),
-    }
-
-
 # MFU targets (%), by (model, layout, seq_len, ac, precision, compile); None: any value of that field
 MFU_TARGETS = {
     ("llama3_1b", "tp1", 8192, "none", "bf16", False): 50.0,
@@ -283,8 +270,6 @@ class TrainBenchmark(Benchmark):
         r = run_training(job, rank=ctx.rank, device=ctx.device, job_dir=ctx.job_dir)
         per_rank: list[Any] = [None] * ctx.world_size
         dist.all_gather_object(per_rank, r["memory"])
-        gpu_states: list[Any] = [None] * ctx.world_size
-        dist.all_gather_object(gpu_states, r["gpu_state"])
         stats, plan = r["stats"], r["plan"]
         on_peak = r["peak_flops"] is not None
         mfu = r["achieved_flops"] / (r["peak_flops"] if on_peak else r["ceiling_flops"])
@@ -329,7 +314,6 @@ class TrainBenchmark(Benchmark):
             "mem_alloc_retries": _max(per_rank, "alloc_retries"),
             "mem_ooms": _max(per_rank, "ooms"),
             "mem_host_peak_rss_gib": _gib(_max(per_rank, "host_peak_rss_bytes")),
-            **_gpu_columns(gpu_states),
         }
         case = {
             "layout": job.layout,
@@ -371,7 +355,6 @@ class TrainBenchmark(Benchmark):
                 "loss_last": r["last_loss"],
             },
             "memory_per_rank": per_rank,
-            "gpu_state_per_rank": gpu_states,
             "files": r["files"],
             "context_parallel": r["cp"],
             "recipe": r["recipe"],

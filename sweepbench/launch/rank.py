@@ -138,7 +138,7 @@ def run_rank(
     from sweepbench.core import RankContext
     from sweepbench.config.validate import resolve_backend
     from sweepbench.launch.faults import maybe_inject_fault
-    from sweepbench.measure import progress
+    from sweepbench.measure import gpu_state, progress
     from sweepbench.measure.memory import memory_peaks, reset_peaks
 
     started_s = process_age_s()
@@ -173,10 +173,12 @@ def run_rank(
     progress.install(rank=rank, sink=progress_sink)
     maybe_inject_fault(cfg, rank)
     reset_peaks(device)
+    gpu_state.begin(device)  # read while the benchmark's timing loops time
     result = get_benchmark(cfg.benchmark.name)(ctx).run()
     ran = time.monotonic()
-    memory = [None] * world_size
-    dist.all_gather_object(memory, memory_peaks(device))
+    per_rank: list[Any] = [None] * world_size
+    dist.all_gather_object(per_rank, (memory_peaks(device), gpu_state.finish()))
+    memory, states = [m for m, _ in per_rank], [g for _, g in per_rank]
     dist.barrier()
     dist.destroy_process_group()
     print(
@@ -196,6 +198,8 @@ def run_rank(
     return {
         "result": asdict(result),
         "memory_per_rank": memory,
+        # how each rank's GPU ran while the benchmark timed, and results.csv's columns of it
+        "gpu_state": {**gpu_state.columns(states), "per_rank": states},
         "backend": backend,
         "device": str(device.type),
         "phases_s": {k: v for k, v in phases.items() if v is not None},

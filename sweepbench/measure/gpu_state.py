@@ -1,16 +1,27 @@
 """How the GPU ran while a job timed it: SM clock, power draw, temperature and what held the clock
-down (NVML's clock-event reasons), sampled beside the timed steps.
+down (NVML's clock-event reasons), sampled beside the timed samples of every benchmark.
 
 A GPU at its power cap lowers its clock as its draw rises: steps that never let it idle run
 slower than the same steps timed one at a time (docs/benchmarks/train.md, Timing), and two jobs'
 times differ with the GPU's temperature and draw as well as with their work. A job's record says
-how the GPU ran it, so that a reader can tell."""
+how the GPU ran it, so that a reader can tell.
+
+How a job records it: its rank opens a :class:`StateSampler` on its GPU (``begin``) before the
+benchmark runs, the timing loops (``measure.timing``) sample only while they time (``timed``), and
+the rank reads the summary as the benchmark ends (``finish``): metrics.json's
+``gpu_state.per_rank``, and four results.csv columns (``columns``). This module imports neither
+torch nor NVML at import time: the driver's aggregation reads ``columns`` from it."""
 
 from __future__ import annotations
 
 import statistics
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    import torch
 
 # the clock-event reasons (nvml.h: nvmlClocksEventReason*) that lower the clock, by the name the
 # record gives each
@@ -76,4 +87,113 @@ def summarize_gpu_state(samples: list[GpuSample], *, limit_w: float | None) -> d
         "limited_pct": {
             name: 100 * sum(bool(s.reasons & bit) for s in samples) / len(samples) for name, bit in LIMITS.items()
         },
+    }
+
+
+def nvml_handle(device: "torch.device") -> Any | None:
+    """NVML's handle of the GPU ``device`` names; None on a CPU or where NVML is missing or unusable."""
+    if device.type != "cuda":
+        return None
+    try:
+        import pynvml
+        import torch
+
+        pynvml.nvmlInit()
+        # the rank's own GPU by its UUID: NVML numbers every GPU of the node and ignores
+        # CUDA_VISIBLE_DEVICES, so torch's index would name another GPU wherever that is set
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+    except Exception:  # NVML missing or unusable: the record is simply None
+        return None
+
+
+class StateSampler:
+    """Reads the GPU behind ``handle`` every ``period_s`` on a thread of its own while resumed
+    (``resume``/``pause``, as often as the timing loops ask), and once as it pauses (a timed loop
+    shorter than the period is read too); ``summary()`` summarises every reading."""
+
+    def __init__(self, handle: Any, *, period_s: float = 0.02) -> None:
+        self.handle, self.period_s = handle, period_s
+        self.samples: list[GpuSample] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _read(self) -> None:
+        sample = read_sample(self.handle)
+        if sample is not None:
+            self.samples.append(sample)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self._read()
+
+    def resume(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="gpu-state", daemon=True)
+            self._thread.start()
+
+    def pause(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+            self._read()
+
+    def summary(self) -> dict[str, Any] | None:
+        return summarize_gpu_state(self.samples, limit_w=power_limit_w(self.handle))
+
+
+# the sampler of the job this process's rank runs (``begin`` .. ``finish``); None outside a job or
+# where the rank has no GPU NVML can read
+_job: StateSampler | None = None
+
+
+def begin(device: "torch.device") -> None:
+    """Start a job's record on this rank: its timed loops are read from now until ``finish``."""
+    global _job
+    handle = nvml_handle(device)
+    _job = StateSampler(handle) if handle is not None else None
+
+
+@contextmanager
+def timed() -> Iterator[None]:
+    """Around a timing loop's timed samples: the job's GPU is read while they run (nothing outside a
+    job or without NVML)."""
+    sampler = _job
+    if sampler is None:
+        yield
+        return
+    sampler.resume()
+    try:
+        yield
+    finally:
+        sampler.pause()
+
+
+def finish() -> dict[str, Any] | None:
+    """The job's record on this rank (``summarize_gpu_state`` of every reading taken while its loops
+    timed), and the end of it; None on a CPU, without NVML, or where nothing was timed."""
+    global _job
+    sampler, _job = _job, None
+    if sampler is None:
+        return None
+    sampler.pause()
+    return sampler.summary()
+
+
+def _most(have: list[dict[str, Any]], key: str) -> Any:
+    return max((g[key] for g in have if g.get(key) is not None), default=None)
+
+
+def columns(per_rank: list[dict[str, Any] | None]) -> dict[str, Any]:
+    """results.csv's view of a job's record: the lowest rank's median SM clock, and the most of any
+    rank's median power, share of readings at the power cap and temperature; None on CPUs, without
+    NVML, or for a job recorded before it had one."""
+    have = [g for g in per_rank if isinstance(g, dict)]
+    return {
+        "gpu_sm_mhz_median": min((g["sm_mhz_median"] for g in have), default=None),
+        "gpu_power_w_median": _most(have, "power_w_median"),
+        "gpu_power_capped_pct": max((g["limited_pct"]["power_cap"] for g in have), default=None),
+        "gpu_temperature_c_max": _most(have, "temperature_c_max"),
     }

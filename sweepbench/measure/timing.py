@@ -17,6 +17,7 @@ absent from its standalone twin: docs/results/refit_h100x1.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 from typing import Callable
@@ -24,6 +25,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from sweepbench.measure import gpu_state
 
 Hook = Callable[[], None]
 
@@ -140,6 +142,7 @@ def time_iterations(
     before: Hook = _nothing,
     after: Hook = _nothing,
     ops_per_sample: int = 1,
+    record_gpu: bool = True,
 ) -> list[float]:
     """Seconds per call of ``step``, one value per sample, of the slowest rank (max over ranks,
     sample by sample).
@@ -150,16 +153,33 @@ def time_iterations(
     timed together and reported as time / k; ``before`` and ``after`` run around each sample (so
     ``after`` sees the batch's last call), and the warm-up is ``warmup`` back-to-back calls
     between one ``before`` and ``after``. Every rank of the default group must call this with
-    the same ``warmup``, ``iters`` and ``ops_per_sample``."""
+    the same ``warmup``, ``iters`` and ``ops_per_sample``. ``record_gpu``: the job's GPU-state record
+    (``measure.gpu_state``) reads the GPU while the samples run; False for a probe the job makes
+    beside its measurement (a link's or a matmul's ceiling)."""
     assert ops_per_sample >= 1, ops_per_sample
     with _CollectorOff():
         return _time_iterations(
-            step, warmup=warmup, iters=iters, device=device, before=before, after=after, ops_per_sample=ops_per_sample
+            step,
+            warmup=warmup,
+            iters=iters,
+            device=device,
+            before=before,
+            after=after,
+            ops_per_sample=ops_per_sample,
+            record_gpu=record_gpu,
         )
 
 
 def _time_iterations(
-    step: Hook, *, warmup: int, iters: int, device: torch.device, before: Hook, after: Hook, ops_per_sample: int
+    step: Hook,
+    *,
+    warmup: int,
+    iters: int,
+    device: torch.device,
+    before: Hook,
+    after: Hook,
+    ops_per_sample: int,
+    record_gpu: bool,
 ) -> list[float]:
     if ops_per_sample > 1:
         if warmup:
@@ -179,10 +199,11 @@ def _time_iterations(
     if device.type == "cuda":
         torch.cuda.synchronize()
     times = []
-    for _ in range(iters):
-        before()
-        times.append(_sample(step, device))
-        after()
+    with gpu_state.timed() if record_gpu else contextlib.nullcontext():
+        for _ in range(iters):
+            before()
+            times.append(_sample(step, device))
+            after()
     t = torch.tensor(times, dtype=torch.float64, device=device) / ops_per_sample
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()
@@ -213,9 +234,10 @@ def time_phases(
         if device.type == "cuda":
             torch.cuda.synchronize()
         rows: list[list[float]] = []
-        for _ in range(iters):
-            before()
-            rows.append([_sample(step, device) for step in timed])
+        with gpu_state.timed():
+            for _ in range(iters):
+                before()
+                rows.append([_sample(step, device) for step in timed])
     t = torch.tensor(rows, dtype=torch.float64, device=device).reshape(iters, len(steps))
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return [t[:, i].tolist() for i in range(len(steps))]

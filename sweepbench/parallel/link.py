@@ -36,10 +36,16 @@ def probe_links(*, nbytes: int, device: torch.device, warmup: int = 2, iters: in
     numel = nbytes // 4
     send = torch.full((numel,), float(rank + 1), device=device)
     recv = torch.zeros(numel, device=device)
-    p2p = summarize(time_iterations(_ring_step(send, recv, rank, world), warmup=warmup, iters=iters, device=device))
+    p2p = summarize(
+        time_iterations(
+            _ring_step(send, recv, rank, world), warmup=warmup, iters=iters, device=device, record_gpu=False
+        )
+    )
     assert torch.all(recv == float((rank - 1) % world + 1)), "link probe: p2p data arrived wrong"
     buf = torch.full((numel,), 7.0, device=device) if rank == 0 else torch.zeros(numel, device=device)
-    bcast = summarize(time_iterations(lambda: dist.broadcast(buf, src=0), warmup=warmup, iters=iters, device=device))
+    bcast = summarize(
+        time_iterations(lambda: dist.broadcast(buf, src=0), warmup=warmup, iters=iters, device=device, record_gpu=False)
+    )
     assert torch.all(buf == 7.0), "link probe: broadcast data arrived wrong"
     out = {
         "p2p_gbps": nbytes / p2p["median_s"] / 1e9,
@@ -72,7 +78,7 @@ def _probe_copy(
         if same:
             recv.copy_(views[peer]["probe"])
 
-    stats = summarize(time_iterations(pull, warmup=warmup, iters=iters, device=device))
+    stats = summarize(time_iterations(pull, warmup=warmup, iters=iters, device=device, record_gpu=False))
     assert not same or torch.all(recv == float(peer + 1)), "link probe: copy-engine data arrived wrong"
     ok = torch.tensor([1.0 if same else 0.0], device=device)
     dist.all_reduce(ok, op=dist.ReduceOp.MIN)

@@ -111,6 +111,9 @@ def build_metrics(
         if status == "ok"
         else {},
         "memory": {"max": _max_memory(per_rank), "per_rank": per_rank},
+        # how each rank's GPU ran while the benchmark timed (measure/gpu_state.py: results.csv's
+        # gpu_* columns, then each rank's summary, None on a CPU); None where no rank reported
+        "gpu_state": outcome.payload.get("gpu_state"),
         "wall_time_s": wall_time_s,
         # the part of the job's wall time spent in timed samples (start-up, warm-up and
         # verification are the rest)
@@ -134,6 +137,7 @@ def wandb_summary(metrics: dict[str, Any]) -> dict[str, Any]:
         "backend": metrics["backend"],
         "wall_time_s": metrics["wall_time_s"],
         "memory": metrics["memory"]["max"],
+        **{k: v for k, v in (metrics.get("gpu_state") or {}).items() if k != "per_rank"},
         **metrics["results"].get("summary", {}),
     }
 

@@ -68,6 +68,8 @@ def job_row(metrics: dict[str, Any]) -> dict[str, Any]:
         }
     )
     row.update(_measuring(metrics))
+    # how the GPUs ran the timed samples (measure/gpu_state.py: every column but the per-rank record)
+    row.update({k: v for k, v in (metrics.get("gpu_state") or {}).items() if k != "per_rank"})
     row.update(_dig(metrics, ("results", "summary")) or {})
     return row
 

@@ -40,7 +40,9 @@ def _matmul_flops(n: int, dtype: torch.dtype, device: torch.device, warmup: int,
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)
-    stats = summarize(time_iterations(lambda: torch.mm(a, b, out=out), warmup=warmup, iters=iters, device=device))
+    stats = summarize(
+        time_iterations(lambda: torch.mm(a, b, out=out), warmup=warmup, iters=iters, device=device, record_gpu=False)
+    )
     return 2 * n**3 / stats["min_s"]  # the best iteration of the slowest rank
 
 
@@ -54,6 +56,7 @@ def _fp8_matmul_flops(n: int, device: torch.device, warmup: int, iters: int) -> 
             warmup=warmup,
             iters=iters,
             device=device,
+            record_gpu=False,
         )
     )
     return 2 * n**3 / stats["min_s"]

@@ -14,45 +14,26 @@ from __future__ import annotations
 
 import resource
 import threading
-from typing import Any
 
 import torch
 
-from sweepbench.measure.gpu_state import GpuSample, power_limit_w, read_sample, summarize_gpu_state
+from sweepbench.measure.gpu_state import nvml_handle
 from sweepbench.measure.memory import status_bytes
 
 GIB = float(1 << 30)
 
 
-def _nvml_handle(device: torch.device) -> Any | None:
-    if device.type != "cuda":
-        return None
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        # the rank's own GPU by its UUID: NVML numbers every GPU of the node and ignores
-        # CUDA_VISIBLE_DEVICES, so torch's index would name another GPU wherever that is set
-        uuid = str(torch.cuda.get_device_properties(device).uuid)
-        return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
-    except Exception:  # NVML missing or unusable: the NVML columns are simply None
-        return None
-
-
 class NvmlSampler:
     """``start()`` records the starting level; while running, samples used memory every
     ``period_s``; ``peak_above_start()`` is the peak minus the starting level (bytes or None).
-    Every ``state_every``-th sample also reads the GPU's clock, power, temperature and clock-event
-    reasons (``gpu_state()``: measure/gpu_state.py)."""
+    (How the GPU ran the timed steps, its clock, power and temperature, is every benchmark's record:
+    measure/gpu_state.py.)"""
 
-    def __init__(self, device: torch.device, *, period_s: float = 0.005, state_every: int = 4) -> None:
-        self.handle = _nvml_handle(device)
+    def __init__(self, device: torch.device, *, period_s: float = 0.005) -> None:
+        self.handle = nvml_handle(device)
         self.period_s = period_s
         self.start_level: int | None = self._used()
         self.peak: int | None = self.start_level
-        self.state_every = state_every
-        self.states: list[GpuSample] = []
-        self._count = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -63,15 +44,10 @@ class NvmlSampler:
 
         return int(pynvml.nvmlDeviceGetMemoryInfo(self.handle).used)
 
-    def _sample(self, *, state: bool = False) -> None:
+    def _sample(self) -> None:
         used = self._used()
         if used is not None and (self.peak is None or used > self.peak):
             self.peak = used
-        self._count += 1
-        if state or self._count % self.state_every == 0:
-            sample = read_sample(self.handle)
-            if sample is not None:
-                self.states.append(sample)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.period_s):
@@ -90,18 +66,12 @@ class NvmlSampler:
             self._thread = None
             # and once more as it stops: steps shorter than the period are sampled too (the
             # allocator's reserved memory does not shrink while they run)
-            self._sample(state=True)
+            self._sample()
 
     def peak_above_start(self) -> int | None:
         if self.peak is None or self.start_level is None:
             return None
         return self.peak - self.start_level
-
-    def gpu_state(self) -> dict[str, Any] | None:
-        """How the GPU ran while sampled (``summarize_gpu_state``); None on a CPU or without NVML."""
-        if self.handle is None:
-            return None
-        return summarize_gpu_state(self.states, limit_w=power_limit_w(self.handle))
 
 
 # what NVML's figure may fall short of the allocator's by: a few MiB of small blocks reserved before

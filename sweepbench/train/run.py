@@ -254,7 +254,6 @@ def run_training(job: TrainJob, *, rank: int, device: torch.device, job_dir: Pat
         "times_s": times,
         "stats": stats,
         "sampling": sampling(warmup=job.warmup, iters=job.iters, ops_per_sample=per_sample, device=device),
-        "gpu_state": nvml.gpu_state(),  # through the timed steps
         "losses": losses,
         "reference_losses": reference,
         "verified_losses": verified,

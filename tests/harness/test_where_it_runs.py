@@ -267,9 +267,9 @@ def test_train_memory_estimate_within_30_percent_of_the_cpu_peak(tmp_path: Path)
         assert all(r["nvml_peak_bytes"] is None and r["nvml_shortfall_bytes"] is None
                    for r in metrics["results"]["memory_per_rank"])
         # nor how the GPU ran (clock, power, temperature): recorded empty, per rank and in results.csv
-        assert metrics["results"]["gpu_state_per_rank"] == [None, None]
-        assert all(metrics["results"]["summary"][k] is None for k in ("gpu_sm_mhz_median", "gpu_power_w_median",
-                                                                     "gpu_power_capped_pct", "gpu_temperature_c_max"))
+        assert metrics["gpu_state"] == {"gpu_sm_mhz_median": None, "gpu_power_w_median": None,
+                                        "gpu_power_capped_pct": None, "gpu_temperature_c_max": None,
+                                        "per_rank": [None, None]}
         assert len(peaks) == 2 and all(0.7 * estimate <= p <= 1.3 * estimate for p in peaks), (estimate, peaks)
         plan, shape = build_plan(build_job(cfg)), shape_of(cfg.model)
         seen[cfg.benchmark.dp_shard] = layout_bytes(shape, plan, lora_rank=0, dp_shard=cfg.benchmark.dp_shard,

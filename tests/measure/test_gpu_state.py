@@ -34,3 +34,28 @@ def test_no_readings_no_summary() -> None:
 def test_without_nvml_nothing_is_read() -> None:
     # no GPU and no NVML library here: NVML refuses, and the reading is None rather than an error
     assert read_sample(None) is None and power_limit_w(None) is None
+
+
+def test_results_columns_of_a_jobs_ranks() -> None:
+    from sweepbench.measure.gpu_state import columns
+
+    hot = summarize_gpu_state(READINGS, limit_w=700.0)
+    cool = summarize_gpu_state(READINGS[:2], limit_w=700.0)  # idle and boosting: never at the cap
+    assert hot is not None and cool is not None
+    # the lowest rank's median clock; the most of any rank's median power, share at the cap, temperature
+    assert columns([hot, cool]) == {"gpu_sm_mhz_median": 1162.5, "gpu_power_w_median": pytest.approx(665.72),
+                                    "gpu_power_capped_pct": pytest.approx(400 / 6), "gpu_temperature_c_max": 67}
+    empty = dict.fromkeys(("gpu_sm_mhz_median", "gpu_power_w_median", "gpu_power_capped_pct",
+                           "gpu_temperature_c_max"))
+    assert columns([None, None]) == empty and columns([]) == empty
+
+
+def test_a_job_on_a_cpu_records_nothing() -> None:
+    import torch
+
+    from sweepbench.measure import gpu_state
+
+    gpu_state.begin(torch.device("cpu"))
+    with gpu_state.timed():
+        torch.ones(4).sum()
+    assert gpu_state.finish() is None and gpu_state.finish() is None

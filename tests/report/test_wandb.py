@@ -74,6 +74,12 @@ def test_run_identity(report_sweeps: dict[str, SweepRun]) -> None:
                 f"model={metrics['config']['model']['name']}",
             } <= set(run["tags"])
             assert all(len(t) <= 64 for t in run["tags"])
+            # every benchmark's record of how its GPUs ran the timed samples: none on a CPU, per rank
+            # and in results.csv's columns
+            if metrics["status"] == "ok":
+                assert metrics["gpu_state"]["per_rank"] == [None] * metrics["world_size"], metrics["gpu_state"]
+        gpu_columns = ["gpu_sm_mhz_median", "gpu_power_w_median", "gpu_power_capped_pct", "gpu_temperature_c_max"]
+        assert sweep.results()[gpu_columns].isna().all().all()
         # one group per sweep: the sweep's own, unique to its absolute path on this machine
         assert groups == {group_name(sweep.sweep_dir, machine=env["host"])}
         assert len(groups.pop()) <= 128
