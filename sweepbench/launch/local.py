@@ -12,6 +12,7 @@ own session, so a terminal's Ctrl-C reaches the driver only, which then stops th
 from __future__ import annotations
 
 import json
+import multiprocessing.connection
 import os
 import signal
 import subprocess
@@ -103,6 +104,39 @@ def _failure(procs: list[subprocess.Popen], codes: list[int | None], job_dir: Pa
     return first_raised(job_dir) or f"rank {failed[0][0]} died ({exit_how(failed[0][1])})"
 
 
+class _Ends:
+    """What the supervisor waits on between its polls: each running rank's end (a started process's
+    pidfd, a forked or kept rank's ``waitables()``), so that a job whose ranks finish is seen as they
+    do rather than at the next poll; where a pidfd cannot be had it sleeps the poll out."""
+
+    def __init__(self) -> None:
+        self.fds: dict[int, int] = {}
+
+    def wait(self, procs: list[Any], timeout: float) -> None:
+        objs: list[Any] = []
+        for proc in procs:
+            if proc.poll() is not None:
+                continue
+            waitables = getattr(proc, "waitables", None)
+            if waitables is not None:
+                objs += waitables()
+                continue
+            if proc.pid not in self.fds:
+                try:
+                    self.fds[proc.pid] = os.pidfd_open(proc.pid)
+                except (AttributeError, OSError):  # no pidfd (an old kernel): the poll's sleep
+                    time.sleep(timeout)
+                    return
+            objs.append(self.fds[proc.pid])
+        if objs:
+            multiprocessing.connection.wait(objs, timeout)
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
 def _show_progress(store: Any, status: Any) -> None:
     if status is None or not store.check([PROGRESS_KEY]):
         return
@@ -191,6 +225,24 @@ def _supervise(
     payload_path: Path,
     tic: float,
 ) -> JobOutcome:
+    ends = _Ends()
+    try:
+        return _watch(cfg, procs, store, status, ends, job_dir=job_dir, payload_path=payload_path, tic=tic)
+    finally:
+        ends.close()
+
+
+def _watch(
+    cfg: DictConfig,
+    procs: list[subprocess.Popen],
+    store: Any,
+    status: Any,
+    ends: _Ends,
+    *,
+    job_dir: Path,
+    payload_path: Path,
+    tic: float,
+) -> JobOutcome:
     from sweepbench.launch import interrupt
 
     world_size = len(procs)
@@ -218,7 +270,7 @@ def _supervise(
         _show_progress(store, status)
         if status is not None:
             status.tick()
-        time.sleep(POLL_S)
+        ends.wait(procs, POLL_S)  # the poll's interval, or less: until a rank ends
     payload = read_json(payload_path)
     if not isinstance(payload, dict):
         return JobOutcome("failed", "rank 0 finished without reporting a result")

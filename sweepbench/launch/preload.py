@@ -109,6 +109,10 @@ class ForkedRank:
     def poll(self) -> int | None:
         return self.proc.exitcode
 
+    def waitables(self) -> list[Any]:
+        """What becomes ready as the rank's job ends (``multiprocessing.connection.wait``)."""
+        return [self.proc.sentinel]
+
     def kill(self) -> None:
         if self.proc.exitcode is None:
             self.proc.kill()
@@ -203,6 +207,10 @@ class KeptRank(ForkedRank):
                 self.proc.join(1.0)
                 self.code = self.proc.exitcode if self.proc.exitcode is not None else -9
         return self.code
+
+    def waitables(self) -> list[Any]:
+        """Its job's exit code arrives on the pipe; a rank that dies ends its process."""
+        return [self.worker.conn, self.proc.sentinel]
 
     def kill(self) -> None:
         if self.poll() is None:
