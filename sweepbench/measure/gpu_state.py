@@ -40,6 +40,28 @@ class GpuSample:
     power_w: float
     temperature_c: int
     reasons: int  # NVML's clock-event reason bits
+    power_instant: bool = True  # power_w is the board's draw now, not NVML's average over its window
+
+
+# NVML's field value types (nvml.h: nvmlValueType_t) and the union member holding each
+_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
+
+
+def _power_w(handle: Any) -> tuple[float, bool]:
+    """The board's power in W and whether it is the instant draw: NVML's instant field
+    (``NVML_FI_DEV_POWER_INSTANT``) where the driver gives it, since ``nvmlDeviceGetPowerUsage``
+    on Ampere and newer (GA100 aside) returns its average over the last second, which reads a loop
+    shorter than that as partly the idle before it; that average where the field is not given."""
+    import pynvml
+
+    try:
+        v = pynvml.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_POWER_INSTANT])[0]
+        member = _VALUE_MEMBERS.get(int(v.valueType))
+        if v.nvmlReturn == pynvml.NVML_SUCCESS and member is not None:
+            return float(getattr(v.value, member)) / 1000, True
+    except (pynvml.NVMLError, AttributeError):
+        pass
+    return pynvml.nvmlDeviceGetPowerUsage(handle) / 1000, False
 
 
 def read_sample(handle: Any) -> GpuSample | None:
@@ -47,11 +69,13 @@ def read_sample(handle: Any) -> GpuSample | None:
     import pynvml
 
     try:
+        power_w, instant = _power_w(handle)
         return GpuSample(
             sm_mhz=int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
-            power_w=pynvml.nvmlDeviceGetPowerUsage(handle) / 1000,
+            power_w=power_w,
             temperature_c=int(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)),
             reasons=int(pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle)),
+            power_instant=instant,
         )
     except pynvml.NVMLError:
         return None
@@ -82,6 +106,8 @@ def summarize_gpu_state(samples: list[GpuSample], *, limit_w: float | None) -> d
         "power_w_median": statistics.median(power),
         "power_w_max": max(power),
         "power_limit_w": limit_w,
+        # instant: the draw at each reading; average: NVML's average over its window (about a second)
+        "power_reading": "instant" if all(s.power_instant for s in samples) else "average",
         "temperature_c_min": min(temps),
         "temperature_c_max": max(temps),
         "limited_pct": {

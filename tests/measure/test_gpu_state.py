@@ -22,6 +22,10 @@ def test_summary_of_readings() -> None:
     assert (s["samples"], s["sm_mhz_median"], s["sm_mhz_min"], s["sm_mhz_max"]) == (6, 1657.5, 345, 1980)
     assert (s["power_w_median"], s["power_w_max"], s["power_limit_w"]) == (pytest.approx(665.72), 695.18, 700.0)
     assert (s["temperature_c_min"], s["temperature_c_max"]) == (43, 67)
+    assert s["power_reading"] == "instant"
+    # one reading where the driver gave only NVML's windowed average: the summary says so
+    mixed = summarize_gpu_state([*READINGS[:-1], GpuSample(1620, 676.59, 67, 0x24, power_instant=False)], limit_w=700.0)
+    assert mixed is not None and mixed["power_reading"] == "average"
     # idle (0x1) holds no clock down; the power cap in 4 of 6 readings, software thermal in 1
     assert s["limited_pct"] == pytest.approx({"power_cap": 400 / 6, "hw_slowdown": 0.0, "sw_thermal": 100 / 6,
                                               "hw_thermal": 0.0, "hw_power_brake": 0.0})
