@@ -15,10 +15,11 @@ torch nor NVML at import time: the driver's aggregation reads ``columns`` from i
 from __future__ import annotations
 
 import statistics
-import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
+
+from sweepbench.measure.periodic import Periodic
 
 if TYPE_CHECKING:
     import torch
@@ -133,38 +134,19 @@ def nvml_handle(device: "torch.device") -> Any | None:
         return None
 
 
-class StateSampler:
-    """Reads the GPU behind ``handle`` every ``period_s`` on a thread of its own while resumed
-    (``resume``/``pause``, as often as the timing loops ask), and once as it pauses (a timed loop
-    shorter than the period is read too); ``summary()`` summarises every reading."""
+class StateSampler(Periodic):
+    """Reads the GPU behind ``handle`` every ``period_s`` while resumed (as often as the timing loops
+    ask) and once as it pauses; ``summary()`` summarises every reading."""
 
     def __init__(self, handle: Any, *, period_s: float = 0.02) -> None:
-        self.handle, self.period_s = handle, period_s
+        super().__init__(period_s=period_s, name="gpu-state")
+        self.handle = handle
         self.samples: list[GpuSample] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def _read(self) -> None:
+    def read(self) -> None:
         sample = read_sample(self.handle)
         if sample is not None:
             self.samples.append(sample)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.period_s):
-            self._read()
-
-    def resume(self) -> None:
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._loop, name="gpu-state", daemon=True)
-            self._thread.start()
-
-    def pause(self) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self._thread = None
-            self._read()
 
     def summary(self) -> dict[str, Any] | None:
         return summarize_gpu_state(self.samples, limit_w=power_limit_w(self.handle))

@@ -13,29 +13,28 @@ process's anonymous memory above the job's start (``HostSampler``: the job's own
 from __future__ import annotations
 
 import resource
-import threading
 
 import torch
 
 from sweepbench.measure.gpu_state import nvml_handle
+from sweepbench.measure.periodic import Periodic
 from sweepbench.measure.memory import status_bytes
 
 GIB = float(1 << 30)
 
 
-class NvmlSampler:
+class NvmlSampler(Periodic):
     """``start()`` records the starting level; while running, samples used memory every
-    ``period_s``; ``peak_above_start()`` is the peak minus the starting level (bytes or None).
-    (How the GPU ran the timed steps, its clock, power and temperature, is every benchmark's record:
-    measure/gpu_state.py.)"""
+    ``period_s`` (and once as it pauses: steps shorter than the period are sampled too, the
+    allocator's reserved memory not shrinking while they run); ``peak_above_start()`` is the peak
+    minus the starting level (bytes or None). (How the GPU ran the timed steps, its clock, power and
+    temperature, is every benchmark's record: measure/gpu_state.py.)"""
 
     def __init__(self, device: torch.device, *, period_s: float = 0.005) -> None:
+        super().__init__(period_s=period_s, name="nvml-memory")
         self.handle = nvml_handle(device)
-        self.period_s = period_s
         self.start_level: int | None = self._used()
         self.peak: int | None = self.start_level
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def _used(self) -> int | None:
         if self.handle is None:
@@ -44,29 +43,14 @@ class NvmlSampler:
 
         return int(pynvml.nvmlDeviceGetMemoryInfo(self.handle).used)
 
-    def _sample(self) -> None:
+    def read(self) -> None:
         used = self._used()
         if used is not None and (self.peak is None or used > self.peak):
             self.peak = used
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.period_s):
-            self._sample()
-
     def resume(self) -> None:
-        if self.handle is not None and self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._loop, daemon=True)
-            self._thread.start()
-
-    def pause(self) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self._thread = None
-            # and once more as it stops: steps shorter than the period are sampled too (the
-            # allocator's reserved memory does not shrink while they run)
-            self._sample()
+        if self.handle is not None:  # nothing to sample on a CPU or without NVML
+            super().resume()
 
     def peak_above_start(self) -> int | None:
         if self.peak is None or self.start_level is None:
@@ -95,35 +79,28 @@ def anon_rss_bytes() -> int | None:
     return status_bytes("RssAnon")
 
 
-class HostSampler:
+class HostSampler(Periodic):
     """On a CPU: the process's anonymous memory, sampled by a thread every ``period_s`` from
     ``start()`` to ``stop()``; ``peak_above_start()`` is what the job added at its peak (bytes or
     None on a GPU, where the allocator's and NVML's numbers say it)."""
 
     def __init__(self, device: torch.device, *, period_s: float = 0.005) -> None:
+        super().__init__(period_s=period_s, name="host-memory")
         self.on = device.type == "cpu" and anon_rss_bytes() is not None
-        self.period_s = period_s
         self.start_level = anon_rss_bytes() if self.on else None
         self.peak = self.start_level
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         if self.on:
-            self._thread = threading.Thread(target=self._loop, daemon=True)
-            self._thread.start()
+            self.read()
+            self.resume()
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            used = anon_rss_bytes()
-            if used is not None and self.peak is not None and used > self.peak:
-                self.peak = used
-            self._stop.wait(self.period_s)
+    def read(self) -> None:
+        used = anon_rss_bytes()
+        if used is not None and self.peak is not None and used > self.peak:
+            self.peak = used
 
     def stop(self) -> int | None:
         """Stop sampling; the peak above the start (bytes), or None."""
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self._thread = None
+        self.pause()
         if self.peak is None or self.start_level is None:
             return None
         return self.peak - self.start_level
