@@ -267,6 +267,7 @@ def _run_locked(sweeper: Any, jobs: list[PlannedJob], sweep_dir: Path) -> list[A
     sweep, answers = _rank(sweep_dir, records)
     print_summary(table, sweep_dir=sweep_dir, records=records, answers=answers)
     print_measuring_fraction(table)
+    print_gpu_state(table)
     try:  # the HTML report (sweepbench.report): a failure to write it never fails the sweep
         from sweepbench.report import write_sweep_report
 
@@ -344,6 +345,28 @@ def print_measuring_fraction(table: Any) -> None:
     went = {name: ran[f"wall_{key}_s"] for key, name in WALL_PHASES.items()}  # aggregate writes them with timed_s
     if all(v.notna().all() for v in went.values()):  # every job told where its time went
         print("sweepbench: job wall time went to " + ", ".join(f"{name} {v.sum():.1f} s" for name, v in went.items()))
+
+
+def _span(values: Any, unit: str) -> str:
+    low, high = values.min(), values.max()
+    return f"{low:g}{unit}" if low == high else f"{low:g}{unit} to {high:g}{unit}"
+
+
+def print_gpu_state(table: Any) -> None:
+    """One line where this run's jobs recorded how their GPUs ran the timed samples (metrics.json's
+    ``gpu_state``; nothing on CPUs): the spread of their SM clocks and of the share of readings at
+    the power cap, so that a gap of a few percent between jobs is read beside the clocks they ran at."""
+    if "gpu_sm_mhz_median" not in table or "this_run" not in table:
+        return
+    ran = table[table["this_run"] & (table["status"] == "ok")].dropna(subset=["gpu_sm_mhz_median"])
+    if not len(ran):
+        return
+    capped = ran["gpu_power_capped_pct"].dropna()
+    print(
+        f"sweepbench: GPUs in the timed samples ({len(ran)} jobs): median SM clock {_span(ran['gpu_sm_mhz_median'], ' MHz')}"
+        + (f", at the power cap in {_span(capped, '%')} of readings" if len(capped) else "")
+        + " (metrics.json gpu_state; a gap of a few percent between jobs can be the clock's)"
+    )
 
 
 def _crash_message(job_return: Any) -> str:

@@ -63,3 +63,30 @@ def test_a_job_on_a_cpu_records_nothing() -> None:
     with gpu_state.timed():
         torch.ones(4).sum()
     assert gpu_state.finish() is None and gpu_state.finish() is None
+
+
+def test_a_sweeps_closing_line_from_committed_gpu_jobs(capsys: pytest.CaptureFixture[str]) -> None:
+    """The sweep's closing line on how the GPUs ran, from the jobs of a committed one-H200 run (their
+    metrics.json as the sweep read them back): the spread of the jobs' median SM clocks and of the share
+    of readings at the power cap. Jobs with no record (a CPU, or recorded before it) print nothing."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from sweepbench.sweep.aggregate import job_row
+    from sweepbench.sweep.driver import print_gpu_state
+
+    runs = Path(__file__).parents[2] / "docs/results/runs"
+
+    def table(run: str) -> pd.DataFrame:
+        rows = [{**job_row(json.loads(f.read_text())), "this_run": True} for f in sorted((runs / run).glob("*/metrics.json"))]
+        assert rows, run
+        return pd.DataFrame(rows)
+
+    print_gpu_state(table("train_h200x1_2026-12-01_fms_foak_shared_samplers"))
+    assert capsys.readouterr().out == (
+        "sweepbench: GPUs in the timed samples (4 jobs): median SM clock 1665 MHz to 1770 MHz, at the power cap in "
+        "100% of readings (metrics.json gpu_state; a gap of a few percent between jobs can be the clock's)\n")
+    print_gpu_state(table("collective_h200x1_2026-12-01_gpu_state_ab_before_r1"))  # the code before the record
+    assert capsys.readouterr().out == ""

@@ -80,6 +80,7 @@ def test_run_identity(report_sweeps: dict[str, SweepRun]) -> None:
                 assert metrics["gpu_state"]["per_rank"] == [None] * metrics["world_size"], metrics["gpu_state"]
         gpu_columns = ["gpu_sm_mhz_median", "gpu_power_w_median", "gpu_power_capped_pct", "gpu_temperature_c_max"]
         assert sweep.results()[gpu_columns].isna().all().all()
+        assert "GPUs in the timed samples" not in sweep.stdout  # the closing line only where GPUs recorded
         # one group per sweep: the sweep's own, unique to its absolute path on this machine
         assert groups == {group_name(sweep.sweep_dir, machine=env["host"])}
         assert len(groups.pop()) <= 128
