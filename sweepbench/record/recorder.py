@@ -128,6 +128,12 @@ def build_metrics(
     }
 
 
+def gpu_state_columns(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A job's ``gpu_state`` columns (results.csv's and wandb's: every key but the per-rank record);
+    none for a job with no record."""
+    return {k: v for k, v in (metrics.get("gpu_state") or {}).items() if k != "per_rank"}
+
+
 def wandb_summary(metrics: dict[str, Any]) -> dict[str, Any]:
     return {
         "status": metrics["status"],
@@ -137,7 +143,7 @@ def wandb_summary(metrics: dict[str, Any]) -> dict[str, Any]:
         "backend": metrics["backend"],
         "wall_time_s": metrics["wall_time_s"],
         "memory": metrics["memory"]["max"],
-        **{k: v for k, v in (metrics.get("gpu_state") or {}).items() if k != "per_rank"},
+        **gpu_state_columns(metrics),
         **metrics["results"].get("summary", {}),
     }
 

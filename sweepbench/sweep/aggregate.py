@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from sweepbench.record.atomic import write_atomic
 from sweepbench.record.readback import SweepRecords, read_sweep
-from sweepbench.record.recorder import WALL_PHASES, sample_ops, timed_seconds
+from sweepbench.record.recorder import WALL_PHASES, gpu_state_columns, sample_ops, timed_seconds
 
 CONFIG_COLUMNS = {
     "benchmark": ("benchmark", "name"),
@@ -68,8 +68,7 @@ def job_row(metrics: dict[str, Any]) -> dict[str, Any]:
         }
     )
     row.update(_measuring(metrics))
-    # how the GPUs ran the timed samples (measure/gpu_state.py: every column but the per-rank record)
-    row.update({k: v for k, v in (metrics.get("gpu_state") or {}).items() if k != "per_rank"})
+    row.update(gpu_state_columns(metrics))  # how the GPUs ran the timed samples (measure/gpu_state.py)
     row.update(_dig(metrics, ("results", "summary")) or {})
     return row
 

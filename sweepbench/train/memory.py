@@ -90,7 +90,6 @@ class HostSampler(Periodic):
         self.start_level = anon_rss_bytes() if self.on else None
         self.peak = self.start_level
         if self.on:
-            self.read()
             self.resume()
 
     def read(self) -> None:
