@@ -6,7 +6,8 @@ dependencies. One JSON line per case; the same code path and numbers as a benchm
     python bench/gpu/fms_engine_check.py conf/model/llama3_1b.yaml OUT.json "impl=ours" "impl=hf lora_rank=16" ...
 
 Each case is benchmark.* overrides (space-separated) on the train engine's knobs (``TrainKnobs``
-defaults) at seq 4096, micro-batch 4, bf16, 2 warm-up and 6 timed steps."""
+defaults) at seq 4096, micro-batch 4, bf16, 2 warm-up and 6 timed steps (``warmup=N iters=N`` in a
+case set its own)."""
 from __future__ import annotations
 
 import gc
@@ -48,9 +49,11 @@ def run_case(line: str, *, model: dict[str, Any]) -> dict[str, Any]:
     from sweepbench.train.config import TrainJob, TrainKnobs
     from sweepbench.train.run import run_training
 
-    knobs = TrainKnobs(**{**DEFAULTS, **{k: value(v) for k, v in (kv.split("=", 1) for kv in line.split())}})
+    given = {k: value(v) for k, v in (kv.split("=", 1) for kv in line.split())}
+    steps = {k: given.pop(k, n) for k, n in STEPS.items()}  # warmup=/iters= in a case: its step counts
+    knobs = TrainKnobs(**{**DEFAULTS, **given})
     shape = ModelShape.from_config({**model, "seq_len": knobs.seq_len})
-    job = TrainJob(knobs=knobs, **STEPS, model=shape, **LAYOUT)
+    job = TrainJob(knobs=knobs, **steps, model=shape, **LAYOUT)
     t0 = time.time()
     try:
         r = run_training(job, rank=0, device=torch.device("cuda", 0), job_dir=None)

@@ -6,9 +6,9 @@ causal GQA attention through each SDPA backend as the decoder calls it. Each var
 backward is checked against a reference before it is timed (the loss and the input's gradient
 against the unchunked logits in fp32; the fused norm's outputs and gradients against the unfused
 pair; attention against fp32 softmax attention on the first batch row); one JSON line per variant,
-all lines in OUT.json.
+all lines in OUT.json. LoRA's adapters (``--only lora``): see :func:`lora_rows`.
 
-    python bench/gpu/step_parts.py OUT.json [--iters 20] [--only flce,add_norm,attention]
+    python bench/gpu/step_parts.py OUT.json [--iters 20] [--only flce,add_norm,attention,lora]
 
 Shapes: 16384 tokens (micro-batch 4 x seq 4096); hidden 2048 / vocabulary 128256 (Llama-3.2-1B) and
 hidden 4096 / vocabulary 32000 (Mistral-7B)."""
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -185,6 +186,90 @@ def attention_rows(iters: int) -> list[dict]:
     return rows
 
 
+def lora_rows(iters: int) -> list[dict]:
+    """One layer's LoRA adapters as the train engine runs them (rank 16 on wq, wk and wv, which read
+    one input as a group, and on wo; llama3_1b: hidden 2048, k/v 512, 16384 tokens; frozen bf16
+    bases), forward and backward through whichever sweepbench is imported, checked against the
+    textbook formula in fp32; then the backward's two products over an output's gradient alone
+    (s g B and B's gradient s g^T (x A^T)): two cuBLAS GEMMs, and the one-pass kernel
+    (``train/lora_kernel.py``, where the imported sweepbench has it) at several tile sizes."""
+    from sweepbench.train.model import LoRALinear, lora_group
+
+    hidden, kv, rank = 2048, 512, 16
+    g = torch.Generator(device="cuda").manual_seed(3)
+    layers = [LoRALinear(hidden, out, rank=rank, alpha=32.0).cuda() for out in (hidden, kv, kv, hidden)]
+    with torch.no_grad():
+        for m in layers:
+            m.weight.normal_(0, hidden**-0.5, generator=g)
+            m.lora_a.normal_(0, hidden**-0.5, generator=g)
+            m.lora_b.normal_(0, 0.05, generator=g)
+    for m in layers:
+        m.bfloat16()
+    x, o_in = (torch.randn(4, 4096, hidden, device="cuda", generator=g).bfloat16().requires_grad_() for _ in range(2))
+    grads = [torch.randn(4, 4096, m.weight.shape[0], device="cuda", generator=g).bfloat16() for m in layers]
+    params = [p for m in layers for p in (m.lora_a, m.lora_b)]
+
+    def step():
+        for t in (x, o_in, *params):
+            t.grad = None
+        outs = [*lora_group(x, layers[:3]), layers[3](o_in)]
+        torch.autograd.backward(outs, grads)
+        return outs
+
+    def textbook():
+        xs = [t.detach().float().requires_grad_() for t in (x, o_in)]
+        ps = [p.detach().float().requires_grad_() for p in params]
+        outs = [F.linear(t, m.weight.float()) + F.linear(F.linear(t, a), b) * m.scale
+                for m, a, b, t in zip(layers, ps[::2], ps[1::2], (xs[0], xs[0], xs[0], xs[1]))]
+        torch.autograd.backward(outs, [t.float() for t in grads])
+        return outs, [t.grad for t in xs] + [p.grad for p in ps]
+
+    outs = step()
+    got = [o.detach() for o in outs] + [x.grad, o_in.grad] + [p.grad for p in params]
+    ref_outs, ref_grads = textbook()
+    errs = [((a.float() - r).norm() / r.norm()).item() for a, r in zip(got, [*ref_outs, *ref_grads])]
+    assert max(errs) < 2e-2, errs
+    rows = [{"part": "lora_layer", "variant": "engine", "max_rel_err": max(errs), **timed(step, iters)}]
+    print(json.dumps(rows[-1]), flush=True)
+    try:
+        from sweepbench.train.lora_kernel import low_rank_grads
+    except ImportError:
+        low_rank_grads = None
+    nothing = torch.empty((), device="cuda", dtype=torch.bfloat16)
+    for m, gr in ((layers[0], grads[0]), (layers[1], grads[1])):
+        g2 = gr.view(-1, gr.shape[-1])
+        xa = x.detach().view(-1, hidden) @ m.lora_a.t()
+        b, s = m.lora_b.detach(), m.scale
+        out = torch.empty(g2.shape[0], rank, device="cuda", dtype=torch.bfloat16)
+        ref_gxa = s * g2.float() @ b.float()
+        ref_gb = s * g2.float().t() @ xa.float()
+
+        def gemms(g2=g2, b=b, xa=xa, s=s, out=out):
+            torch.addmm(nothing, g2, b, beta=0, alpha=s, out=out)
+            return torch.addmm(nothing, g2.t(), xa, beta=0, alpha=s)
+
+        variants = [("gemms", gemms, None)]
+        if low_rank_grads is not None:
+            for cfg in ((64, 256, 264), (128, 256, 264), (64, 128, 264), (32, 256, 264), (64, 256, 528),
+                        (128, 128, 528), (64, 512, 264)):
+                variants.append((f"kernel_{cfg[0]}x{cfg[1]}_{cfg[2]}", partial(
+                    low_rank_grads, g2, b, xa, s, out, block_rows=cfg[0], block_cols=cfg[1], programs=cfg[2]), cfg))
+        for name, fn, cfg in variants:
+            try:
+                gb = fn()
+            except Exception as e:  # a tile size Triton cannot compile on this GPU
+                rows.append({"part": "lora_low_rank_grads", "out": g2.shape[1], "variant": name, "error": str(e)[:300]})
+                print(json.dumps(rows[-1]), flush=True)
+                continue
+            err = max(((out.float() - ref_gxa).norm() / ref_gxa.norm()).item(),
+                      ((gb.float() - ref_gb).norm() / ref_gb.norm()).item())
+            assert err < 1e-2, (name, err)
+            rows.append({"part": "lora_low_rank_grads", "out": g2.shape[1], "variant": name, "max_rel_err": err,
+                         **timed(fn, iters)})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("out")
@@ -195,7 +280,7 @@ def main() -> None:
     os.environ.setdefault("MASTER_PORT", "29512")
     dist.init_process_group("nccl", rank=0, world_size=1)  # the harness's timer reduces over ranks
     torch.cuda.set_device(0)
-    parts = {"flce": flce_rows, "add_norm": add_norm_rows, "attention": attention_rows}
+    parts = {"flce": flce_rows, "add_norm": add_norm_rows, "attention": attention_rows, "lora": lora_rows}
     rows = [row for name in args.only.split(",") for row in parts[name](args.iters)]
     with open(args.out, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
