@@ -69,11 +69,10 @@ class _LoRAGroup(torch.autograd.Function):
     """LoRA layers that read the same input (q, k and v; or one layer), with the update added inside
     the GEMMs: forward, x [A_1; A_2; ...]^T as one GEMM (the input read once for every layer's A),
     y_i = s_i (x A_i^T) B_i^T + x W_i^T as one addmm onto the low-rank product (cuBLAS' beta = s_i);
-    backward, the layers' s_i (g_i B_i) side by side as one [tokens, sum of ranks] matrix (each GEMM
-    writes its columns, s_i as its alpha; B_i's gradient likewise scaled by its GEMM), so that the A
-    gradients are one GEMM over the input, and dx two GEMMs: that matrix and the narrower layers'
-    output gradients beside it times [A; W_k; W_v], then the widest layer's g_q W_q added by addmm.
-    Unfused, each layer's update was its own output plus an add kernel
+    backward, dx = g_1 W_1 plus every other g_i W_i by addmm, the layers' s_i (g_i B_i) side by side
+    as one [tokens, sum of ranks] matrix (each GEMM writes its columns, s_i as its alpha; B_i's
+    gradient likewise scaled by its GEMM), so that the A gradients are one GEMM over the input and
+    their term of dx one addmm. Unfused, each layer's update was its own output plus an add kernel
     over the whole output, and dx a sum of 2 per layer whole-size gradients by add kernels. The
     frozen base weights get no gradient; the same arithmetic as the unfused ops, summed in another
     order."""
@@ -102,40 +101,27 @@ class _LoRAGroup(torch.autograd.Function):
         x, xa_all, a_all, *params = ctx.saved_tensors
         x2 = x.reshape(-1, x.shape[-1])
         n = len(ctx.scales)
-        terms = [(g.reshape(-1, g.shape[-1]), params[3 * i]) for i, g in enumerate(grads) if g is not None]
-        wide = max(terms, key=lambda t: t[1].shape[0]) if ctx.needs_input_grad[0] and terms else None
-        narrow = [t for t in terms if t is not wide] if wide is not None else []
-        ranks = xa_all.shape[1]
-        # s_i (g_i B_i) in layer i's columns (zeros where g_i is None), then, where dx is wanted, the
-        # narrower layers' output gradients: [tokens, ranks + their widths]
-        left = x2.new_empty(x2.shape[0], ranks + sum(g2.shape[1] for g2, _ in narrow))
-        gxa_all = left[:, :ranks]
+        dx: torch.Tensor | None = None
+        gxa_all = torch.empty_like(xa_all)  # s_i (g_i B_i) in layer i's columns, zeros where g_i is None
         grad_bs: list[torch.Tensor | None] = []
-        for i, (scale, g, cols) in enumerate(zip(ctx.scales, grads, _rank_cols(params))):
+        all_cols = _rank_cols(params)
+        for i, (scale, g, cols) in enumerate(zip(ctx.scales, grads, all_cols)):
+            weight, _, b = params[3 * i : 3 * i + 3]
             if g is None:  # this output took no part in the loss
                 gxa_all[:, cols].zero_()
                 grad_bs.append(None)
                 continue
-            g2, b = g.reshape(-1, g.shape[-1]), params[3 * i + 2]
+            g2 = g.reshape(-1, g.shape[-1])
             _mm_scaled(g2, b, scale, out=gxa_all[:, cols])
             grad_bs.append(_mm_scaled(g2.t(), xa_all[:, cols], scale) if ctx.needs_input_grad[2 + 3 * i + 2] else None)
+            if ctx.needs_input_grad[0]:
+                dx = torch.mm(g2, weight) if dx is None else dx.addmm_(g2, weight)
         wants_a = [ctx.needs_input_grad[2 + 3 * i + 1] and grads[i] is not None for i in range(n)]
         grad_a_all = gxa_all.t() @ x2 if any(wants_a) else None
-        dx: torch.Tensor | None = None
-        if wide is not None:
-            # dx as two GEMMs: the low-rank term and the narrower layers' terms as one product over
-            # their side-by-side gradients and stacked weights ([A; W_k; W_v]), written; then the
-            # widest layer's term added by its GEMM's epilogue, whose read of dx hides under its long
-            # main loop (each term added by its own GEMM read and wrote all of dx, in GEMMs too short
-            # to hide it)
-            off = ranks
-            for g2, _ in narrow:
-                left[:, off : off + g2.shape[1]].copy_(g2)
-                off += g2.shape[1]
-            right = torch.cat([a_all, *(w for _, w in narrow)]) if narrow else a_all
-            dx = torch.mm(left, right).addmm_(*wide).view(x.shape)
+        if dx is not None:
+            dx = dx.addmm_(gxa_all, a_all).view(x.shape)
         param_grads: list[torch.Tensor | None] = []
-        for i, cols in enumerate(_rank_cols(params)):
+        for i, cols in enumerate(all_cols):
             grad_a = grad_a_all[cols] if grad_a_all is not None and wants_a[i] else None
             param_grads += [None, grad_a, grad_bs[i]]
         return (dx, None, *param_grads)

@@ -124,11 +124,8 @@ def test_lora_layers_reading_one_input_add_their_updates_and_gradients_inside_th
         else:
             assert ga is None and gb is None and ra is None and rb is None
     assert ops["aten.add"] == 0 and ops["aten.mul"] == 0, ops  # the unfused path's adds and scalings
-    # no scaling after a GEMM (each scales in its epilogue); two concatenations (the forward's As, the
-    # backward's [A; W_k; W_v] for dx's first GEMM); dx two GEMMs: that one, then q's term added onto it
-    narrow = len(used) - 1
-    assert ops["aten.mul_"] == 0 and ops["aten.cat"] == 2 and ops["aten.copy_"] == narrow, ops
-    assert ops["aten.addmm_"] == 1, ops
+    # no scaling after a GEMM (each scales in its epilogue) and one concatenation (the forward's As)
+    assert ops["aten.mul_"] == 0 and ops["aten.cat"] == (1 if len(layers) > 1 else 0), ops
     assert ref_ops["aten.add"] > 0
     assert sum(ops.values()) < sum(ref_ops.values()), (ops, ref_ops)
 
