@@ -46,16 +46,24 @@ def host_peak_rss_bytes() -> int:
     return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def nvml_used_bytes(index: int) -> int | None:
+def nvml_used_bytes(device: torch.device) -> int | None:
+    """Memory in use on ``device``'s GPU as NVML counts it (every process's, CUDA contexts included);
+    None on a CPU or where NVML is missing or unusable. The GPU is found by its UUID
+    (``gpu_state.nvml_handle``): NVML numbers every GPU of the node and ignores
+    CUDA_VISIBLE_DEVICES, so torch's index named another GPU wherever that was set."""
+    from sweepbench.measure.gpu_state import nvml_handle
+
+    handle = nvml_handle(device)
+    if handle is None:
+        return None
     try:
         import pynvml
 
-        pynvml.nvmlInit()
         try:
-            return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).used)
+            return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
         finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # NVML missing or not usable: the number is simply not reported
+            pynvml.nvmlShutdown()  # the init nvml_handle made
+    except Exception:  # NVML not usable: the number is simply not reported
         return None
 
 
@@ -65,6 +73,6 @@ def memory_peaks(device: torch.device) -> dict[str, Any]:
     return {
         "peak_allocated_bytes": torch.cuda.max_memory_allocated(device) if on_gpu else None,
         "peak_reserved_bytes": torch.cuda.max_memory_reserved(device) if on_gpu else None,
-        "nvml_used_bytes": nvml_used_bytes(device.index or 0) if on_gpu else None,
+        "nvml_used_bytes": nvml_used_bytes(device) if on_gpu else None,
         "host_max_rss_bytes": host_peak_rss_bytes(),
     }

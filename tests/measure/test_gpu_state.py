@@ -90,3 +90,16 @@ def test_a_sweeps_closing_line_from_committed_gpu_jobs(capsys: pytest.CaptureFix
         "100% of readings (metrics.json gpu_state; a gap of a few percent between jobs can be the clock's)\n")
     print_gpu_state(table("collective_h200x1_2026-12-01_gpu_state_ab_before_r1"))  # the code before the record
     assert capsys.readouterr().out == ""
+
+
+def test_nvml_memory_is_read_for_a_gpu_only() -> None:
+    """The end-of-job NVML memory figure opens the rank's GPU by its UUID, as the state record does
+    (NVML ignores CUDA_VISIBLE_DEVICES): on a CPU there is no GPU to open, and the figure is None."""
+    import torch
+
+    from sweepbench.measure.memory import memory_peaks, nvml_used_bytes
+
+    assert nvml_used_bytes(torch.device("cpu")) is None
+    peaks = memory_peaks(torch.device("cpu"))
+    assert peaks["nvml_used_bytes"] is None and peaks["peak_allocated_bytes"] is None
+    assert peaks["host_max_rss_bytes"] > 0
