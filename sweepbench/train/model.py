@@ -68,7 +68,8 @@ def _fusable(x: torch.Tensor, layers: list[LoRALinear]) -> bool:
 class _LoRAGroup(torch.autograd.Function):
     """LoRA layers that read the same input (q, k and v; or one layer), with the update added inside
     the GEMMs: forward, x [A_1; A_2; ...]^T as one GEMM (the input read once for every layer's A),
-    y_i = s_i (x A_i^T) B_i^T + x W_i^T as one addmm onto the low-rank product (cuBLAS' beta = s_i);
+    y_i = s_i (x A_i^T) B_i^T + x W_i^T as one addmm onto the low-rank product in the output's own
+    buffer (cuBLAS' beta = s_i);
     backward, dx = g_1 W_1 plus every other g_i W_i by addmm, the layers' s_i (g_i B_i) side by side
     as one [tokens, sum of ranks] matrix (each GEMM writes its columns, s_i as its alpha; B_i's
     gradient likewise scaled by its GEMM), so that the A gradients are one GEMM over the input and
@@ -88,9 +89,13 @@ class _LoRAGroup(torch.autograd.Function):
         for i, (scale, cols) in enumerate(zip(scales, _rank_cols(params))):
             weight, _, b = params[3 * i : 3 * i + 3]
             xa = xa_all[:, cols]
-            # the low-rank product first, then the base GEMM adding it in its epilogue (beta): no
-            # output of a GEMM is changed in place, which a selective checkpoint that kept it refuses
-            outs.append(torch.addmm(torch.mm(xa, b.t()), x2, weight.t(), beta=scale).view(*x.shape[:-1], -1))
+            # the low-rank product written into the output, then the base GEMM adding onto it in its
+            # epilogue (beta), both by out=: an out-of-place addmm first copied its input into a new
+            # output (a whole-output copy on the device), and a selective checkpoint refuses an
+            # in-place change of a GEMM's output it kept (it keeps no out= product)
+            y = x2.new_empty(x2.shape[0], weight.shape[0])
+            torch.mm(xa, b.t(), out=y)
+            outs.append(torch.addmm(y, x2, weight.t(), beta=scale, out=y).view(*x.shape[:-1], -1))
         ctx.scales = scales
         ctx.set_materialize_grads(False)  # an unused output's gradient comes as None, not zeros
         ctx.save_for_backward(x, xa_all, a_all, *params)
