@@ -109,6 +109,7 @@ class _LoRAGroup(torch.autograd.Function):
         dx: torch.Tensor | None = None
         gxa_all = torch.empty_like(xa_all)  # s_i (g_i B_i) in layer i's columns, zeros where g_i is None
         grad_bs: list[torch.Tensor | None] = []
+        terms: list[tuple[torch.Tensor, torch.Tensor]] = []  # (g_i, W_i) of the outputs in the loss
         all_cols = _rank_cols(params)
         for i, (scale, g, cols) in enumerate(zip(ctx.scales, grads, all_cols)):
             weight, _, b = params[3 * i : 3 * i + 3]
@@ -119,12 +120,17 @@ class _LoRAGroup(torch.autograd.Function):
             g2 = g.reshape(-1, g.shape[-1])
             _mm_scaled(g2, b, scale, out=gxa_all[:, cols])
             grad_bs.append(_mm_scaled(g2.t(), xa_all[:, cols], scale) if ctx.needs_input_grad[2 + 3 * i + 2] else None)
-            if ctx.needs_input_grad[0]:
-                dx = torch.mm(g2, weight) if dx is None else dx.addmm_(g2, weight)
+            terms.append((g2, weight))
         wants_a = [ctx.needs_input_grad[2 + 3 * i + 1] and grads[i] is not None for i in range(n)]
         grad_a_all = gxa_all.t() @ x2 if any(wants_a) else None
-        if dx is not None:
-            dx = dx.addmm_(gxa_all, a_all).view(x.shape)
+        if ctx.needs_input_grad[0] and terms:
+            # the low-rank term written first (a GEMM over the ranks), then each base term added onto
+            # it by its GEMM's epilogue, the widest last, where the low-rank term added last read and
+            # wrote all of dx in a GEMM too short to hide it
+            dx = torch.mm(gxa_all, a_all)
+            for g2, weight in sorted(terms, key=lambda t: t[1].shape[0]):
+                dx.addmm_(g2, weight)
+            dx = dx.view(x.shape)
         param_grads: list[torch.Tensor | None] = []
         for i, cols in enumerate(all_cols):
             grad_a = grad_a_all[cols] if grad_a_all is not None and wants_a[i] else None
