@@ -49,6 +49,8 @@ COMMON = (
     "iters",
     "median_ms",
     "iqr_ms",
+    "gpu_sm_mhz_median",
+    "gpu_power_capped_pct",
     "date",
     "torch",
     "cuda",
@@ -59,6 +61,8 @@ COMMON = (
     "run",
 )
 TAIL = ("vs_fastest", "other_runs")
+# how the GPUs ran a job's timed samples (its metrics.json ``gpu_state``), taken into its rows
+GPU_STATE = ("gpu_sm_mhz_median", "gpu_power_capped_pct")
 VERSIONS = ("torch", "cuda", "nccl", "cudnn", "driver", "gpu")
 
 
@@ -90,7 +94,7 @@ def load_runs(root: Path) -> list[Run]:
         rows = []
         if (d / "results.csv").is_file():
             with open(d / "results.csv", newline="") as f:
-                rows = list(csv.DictReader(f))
+                rows = [_with_gpu_state(row, d) for row in csv.DictReader(f)]
         env = json.loads((d / "env.json").read_text()) if (d / "env.json").is_file() else {}
         meta = _meta(d)
         text = {n: (d / n).read_text().strip() if (d / n).is_file() else "" for n in ("command.txt", "notes.md")}
@@ -109,6 +113,18 @@ def load_runs(root: Path) -> list[Run]:
             )
         )
     return runs
+
+
+def _with_gpu_state(row: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """``row`` with its job's :data:`GPU_STATE` columns from the job's metrics.json kept in the run
+    (``record.recorder.gpu_state_columns``), where the job recorded them."""
+    path = run_dir / str(row.get("tag") or "") / METRICS_FILE
+    if not row.get("tag") or not path.is_file():
+        return row
+    from sweepbench.record.recorder import gpu_state_columns
+
+    state = gpu_state_columns(json.loads(path.read_text()))
+    return {**row, **{k: state[k] for k in GPU_STATE if state.get(k) is not None and row.get(k) in ("", None)}}
 
 
 def _num(v: Any) -> float | None:
@@ -226,6 +242,12 @@ def _markdown(
         'case, "within noise" where the gap is smaller than the two IQRs together.',
         "",
     ]
+    if any(r.get(c) not in ("", None) for r in rows for c in GPU_STATE):
+        lines[-1:-1] = [
+            "`gpu_sm_mhz_median`, `gpu_power_capped_pct`: how the GPUs ran the shown run's timed samples",
+            "(its metrics.json `gpu_state`: the lowest rank's median SM clock, the largest share of a rank's",
+            "readings at the power cap); empty for a run recorded before jobs kept it.",
+        ]
     if any(r.not_kept for r in runs):
         lines[-1:-1] = [
             "A run of code that was measured and then not kept (its reason under Runs) gives a row only where",

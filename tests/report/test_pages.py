@@ -83,6 +83,36 @@ def _att(impl: str, seq: int, w: int, iters: int, median: float, iqr: float, t1:
             "iqr_ms": iqr, "t1_ms": t1, "efficiency": t1 / (w * median), "exposed_comm": 0.01, "status": "ok"}
 
 
+def test_gpu_state_columns_are_the_shown_runs_records():
+    """A page row's gpu_sm_mhz_median and gpu_power_capped_pct are those of the job that measured it
+    (its metrics.json gpu_state, kept in the raw run): filled where the job recorded them, empty where
+    it did not (a CPU, or a run recorded before jobs kept them); the page says what they are."""
+    filled = empty = 0
+    for page in sorted(RESULTS.glob("*_*.csv")):
+        for r in csv.DictReader(page.open()):
+            if "gpu_sm_mhz_median" not in r or r["run"] == "":
+                continue
+            run = RESULTS / "runs" / r["run"]
+            tags = {row.get("tag") or "" for row in csv.DictReader((run / "results.csv").open())
+                    if row.get("median_ms") and float(row["median_ms"]) == float(r["median_ms"])}
+            states = [json.loads((run / t / "metrics.json").read_text()).get("gpu_state") or {}
+                      for t in tags if t and (run / t / "metrics.json").is_file()]
+            want = {tuple("" if s.get(k) is None else str(s[k]) for k in ("gpu_sm_mhz_median", "gpu_power_capped_pct"))
+                    for s in states}
+            got = (r["gpu_sm_mhz_median"], r["gpu_power_capped_pct"])
+            if got == ("", ""):
+                empty += 1
+                assert not want or ("", "") in want or not any(a for a, _ in want), (page.name, r["run"], want)
+            else:
+                filled += 1
+                assert any(float(got[0]) == float(a) and float(got[1]) == float(b) for a, b in want if a), (
+                    page.name, r["run"], got, want)
+    assert filled and empty, (filled, empty)
+    text = (RESULTS / "train_h200x1.md").read_text()
+    assert "`gpu_sm_mhz_median`, `gpu_power_capped_pct`: how the GPUs ran" in text
+    assert "| gpu_sm_mhz_median | gpu_power_capped_pct |" in text
+
+
 def test_a_row_shows_the_latest_run_at_the_most_iterations_and_names_the_others(tmp_path):
     _run(tmp_path, "attention_h200x2_2026-01-01_fast", [_att("ring", 32768, 2, 5, 28.0, 0.2, 57.0),
                                                         _att("ring", 16384, 2, 5, 8.0, 0.1, 13.0)])
