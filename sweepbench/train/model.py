@@ -73,10 +73,10 @@ class _LoRAGroup(torch.autograd.Function):
     backward, the layers' s_i (g_i B_i) side by side as one [tokens, sum of ranks] matrix (each GEMM
     writes its columns, s_i as its alpha; B_i's gradient likewise scaled by its GEMM), so that the A
     gradients are one GEMM over the input and their term of dx one GEMM, written first, onto which
-    each g_i W_i is added by addmm, the widest last. Unfused, each layer's update was its own output plus an add kernel
-    over the whole output, and dx a sum of 2 per layer whole-size gradients by add kernels. The
-    frozen base weights get no gradient; the same arithmetic as the unfused ops, summed in another
-    order."""
+    each g_i W_i is added by addmm, the widest last. Unfused, each layer's update was its own output
+    plus an add kernel over the whole output, and dx a sum of 2 per layer whole-size gradients by
+    add kernels. The frozen base weights get no gradient; the same arithmetic as the unfused ops,
+    summed in another order."""
 
     @staticmethod
     def forward(
