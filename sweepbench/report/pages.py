@@ -40,6 +40,8 @@ from sweepbench.draw.units import format_number
 from sweepbench.record import METRICS_FILE, ROUNDS_DIR
 from sweepbench.record.atomic import write_atomic
 
+# how the GPUs ran a job's timed samples (its metrics.json ``gpu_state``), taken into its rows
+GPU_STATE = ("gpu_sm_mhz_median", "gpu_power_capped_pct")
 RUN_NAME = re.compile(r"^(?P<benchmark>[a-z]+)_(?P<machine>[a-z0-9]+)_(?P<date>\d{4}-\d{2}-\d{2})(?:_(?P<what>.+?))?$")
 COMMON = (
     "benchmark",
@@ -49,8 +51,7 @@ COMMON = (
     "iters",
     "median_ms",
     "iqr_ms",
-    "gpu_sm_mhz_median",
-    "gpu_power_capped_pct",
+    *GPU_STATE,
     "date",
     "torch",
     "cuda",
@@ -61,8 +62,6 @@ COMMON = (
     "run",
 )
 TAIL = ("vs_fastest", "other_runs")
-# how the GPUs ran a job's timed samples (its metrics.json ``gpu_state``), taken into its rows
-GPU_STATE = ("gpu_sm_mhz_median", "gpu_power_capped_pct")
 VERSIONS = ("torch", "cuda", "nccl", "cudnn", "driver", "gpu")
 
 
@@ -94,7 +93,12 @@ def load_runs(root: Path) -> list[Run]:
         rows = []
         if (d / "results.csv").is_file():
             with open(d / "results.csv", newline="") as f:
-                rows = [_with_gpu_state(row, d) for row in csv.DictReader(f)]
+                rows = list(csv.DictReader(f))
+            states = {tag: _gpu_state(d / tag) for tag in {row.get("tag") for row in rows} if tag}
+            rows = [
+                {**row, **{k: v for k, v in states.get(row.get("tag"), {}).items() if row.get(k) in ("", None)}}
+                for row in rows
+            ]
         env = json.loads((d / "env.json").read_text()) if (d / "env.json").is_file() else {}
         meta = _meta(d)
         text = {n: (d / n).read_text().strip() if (d / n).is_file() else "" for n in ("command.txt", "notes.md")}
@@ -115,16 +119,16 @@ def load_runs(root: Path) -> list[Run]:
     return runs
 
 
-def _with_gpu_state(row: dict[str, Any], run_dir: Path) -> dict[str, Any]:
-    """``row`` with its job's :data:`GPU_STATE` columns from the job's metrics.json kept in the run
-    (``record.recorder.gpu_state_columns``), where the job recorded them."""
-    path = run_dir / str(row.get("tag") or "") / METRICS_FILE
-    if not row.get("tag") or not path.is_file():
-        return row
+def _gpu_state(job_dir: Path) -> dict[str, Any]:
+    """A kept job's :data:`GPU_STATE` columns from its metrics.json (``record.recorder.
+    gpu_state_columns``): those it recorded; none for a job without the file or the record. Read
+    once per job, whatever number of results.csv rows it gave."""
+    if not (job_dir / METRICS_FILE).is_file():
+        return {}
     from sweepbench.record.recorder import gpu_state_columns
 
-    state = gpu_state_columns(json.loads(path.read_text()))
-    return {**row, **{k: state[k] for k in GPU_STATE if state.get(k) is not None and row.get(k) in ("", None)}}
+    state = gpu_state_columns(json.loads((job_dir / METRICS_FILE).read_text()))
+    return {k: state[k] for k in GPU_STATE if state.get(k) is not None}
 
 
 def _num(v: Any) -> float | None:
