@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from sweepbench.measure.gpu_state import nvml_handle
+
 
 def reset_peaks(device: torch.device) -> None:
     """Start the peaks afresh: torch's allocator peaks on a GPU, the host's resident set peak."""
@@ -51,8 +53,6 @@ def nvml_used_bytes(device: torch.device) -> int | None:
     None on a CPU or where NVML is missing or unusable. The GPU is found by its UUID
     (``gpu_state.nvml_handle``): NVML numbers every GPU of the node and ignores
     CUDA_VISIBLE_DEVICES, so torch's index named another GPU wherever that was set."""
-    from sweepbench.measure.gpu_state import nvml_handle
-
     handle = nvml_handle(device)
     if handle is None:
         return None
