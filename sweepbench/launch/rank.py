@@ -40,6 +40,18 @@ JOB_TAKEN: float | None = None
 
 
 STACK_SIGNAL = signal.SIGUSR1  # a rank writes every thread's stack to its log (faulthandler)
+# A rank's own bound on a blocked collective or store wait, past launch.timeout_s: the job's deadline
+# runs from before its ranks start, so with the same bound a rank that started fast (kept or forked)
+# timed out in its collective at about the deadline, and a hung job was recorded failed instead of
+# timeout, without the stacks the supervisor asks for when it ends a job at its deadline.
+RANK_TIMEOUT_GRACE_S = 60.0
+
+
+def rank_timeout(cfg: DictConfig) -> timedelta:
+    """The process group's and the rank's store's timeout: ``launch.timeout_s`` plus
+    :data:`RANK_TIMEOUT_GRACE_S`, so that the local launcher's deadline ends a hung job first (under
+    SLURM, whichever of this timeout and the job's time limit comes first ends it)."""
+    return timedelta(seconds=cfg.launch.timeout_s + RANK_TIMEOUT_GRACE_S)
 
 
 def redirect_output(log_path: Path) -> None:
@@ -153,7 +165,7 @@ def run_rank(
         store=store,
         rank=rank,
         world_size=world_size,
-        timeout=timedelta(seconds=cfg.launch.timeout_s),
+        timeout=rank_timeout(cfg),
         device_id=device if device.type == "cuda" else None,
     )
     group_up = time.monotonic()
@@ -235,9 +247,7 @@ def main(*, forked: bool = False, kept: bool = False) -> None:
         from sweepbench.record.env import capture_env
 
         cfg = OmegaConf.create(spec["cfg"])
-        store = dist.TCPStore(
-            spec["master_addr"], spec["port"], is_master=False, timeout=timedelta(seconds=cfg.launch.timeout_s)
-        )
+        store = dist.TCPStore(spec["master_addr"], spec["port"], is_master=False, timeout=rank_timeout(cfg))
         sink = _store_sink(store, spec["progress_key"]) if rank == 0 else None
         payload = run_rank(
             cfg,
