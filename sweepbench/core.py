@@ -1,12 +1,13 @@
 """The types every layer shares. This module imports nothing of sweepbench, so any folder may
-import it: a rank's context, a failed verification, the outcome of a job's launch, and the
-registry every name -> code table is built on."""
+import it: a rank's context and its timeout, a failed verification, the outcome of a job's launch,
+and the registry every name -> code table is built on."""
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -14,6 +15,20 @@ from omegaconf import DictConfig
 
 if TYPE_CHECKING:  # torch is imported only where a job runs (ranks), never on the driver's path
     import torch
+
+
+# A rank's own bound on a blocked collective or store wait, past launch.timeout_s: the job's deadline
+# runs from before its ranks start, so with the same bound a rank that started fast (kept or forked)
+# timed out in its collective at about the deadline, and a hung job was recorded failed instead of
+# timeout, without the stacks the supervisor asks for when it ends a job at its deadline.
+RANK_TIMEOUT_GRACE_S = 60.0
+
+
+def rank_timeout(cfg: DictConfig) -> timedelta:
+    """A rank's timeout for its process groups and its store: ``launch.timeout_s`` plus
+    :data:`RANK_TIMEOUT_GRACE_S`, so that the local launcher's deadline ends a hung job first (under
+    SLURM, whichever of this timeout and the job's time limit comes first ends it)."""
+    return timedelta(seconds=cfg.launch.timeout_s + RANK_TIMEOUT_GRACE_S)
 
 
 class NotOnThisMachine(ValueError):

@@ -19,7 +19,6 @@ import math
 import os
 import subprocess
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
@@ -305,10 +304,11 @@ def run_cases(
     import torch.distributed as dist
 
     from sweepbench.collective.ops import OPS
+    from sweepbench.core import rank_timeout
     from sweepbench.measure.timing import ops_per_sample
 
     # the others outwait rank 0's binary, which is killed at launch.timeout_s, so rank 0 tells why
-    waiting_room = dist.new_group(backend="gloo", timeout=timedelta(seconds=ctx.cfg.launch.timeout_s + 60))
+    waiting_room = dist.new_group(backend="gloo", timeout=rank_timeout(ctx.cfg))
     k = ops_per_sample(cfg.ops_per_sample, short_ops=True)
     n = ctx.world_size
     cases: list[dict[str, Any]] = []

@@ -17,12 +17,12 @@ import sys
 import threading
 import time
 from dataclasses import asdict
-from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from sweepbench.core import rank_timeout
 from sweepbench.launch.rank_errors import note_rank_error
 
 if TYPE_CHECKING:  # sweepbench.measure imports torch
@@ -40,18 +40,6 @@ JOB_TAKEN: float | None = None
 
 
 STACK_SIGNAL = signal.SIGUSR1  # a rank writes every thread's stack to its log (faulthandler)
-# A rank's own bound on a blocked collective or store wait, past launch.timeout_s: the job's deadline
-# runs from before its ranks start, so with the same bound a rank that started fast (kept or forked)
-# timed out in its collective at about the deadline, and a hung job was recorded failed instead of
-# timeout, without the stacks the supervisor asks for when it ends a job at its deadline.
-RANK_TIMEOUT_GRACE_S = 60.0
-
-
-def rank_timeout(cfg: DictConfig) -> timedelta:
-    """The process group's and the rank's store's timeout: ``launch.timeout_s`` plus
-    :data:`RANK_TIMEOUT_GRACE_S`, so that the local launcher's deadline ends a hung job first (under
-    SLURM, whichever of this timeout and the job's time limit comes first ends it)."""
-    return timedelta(seconds=cfg.launch.timeout_s + RANK_TIMEOUT_GRACE_S)
 
 
 def redirect_output(log_path: Path) -> None:
