@@ -31,7 +31,7 @@ ROWS = 8  # rows per program of the backward: 2048 programs at 16384 rows, a [pr
 
 
 @triton.jit
-def _forward(res, upd, w, total, out, rstd, n_cols, eps, BLOCK: tl.constexpr):
+def _forward(res, upd, w, total, out, rstd, n_cols, out_stride, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     on = cols < n_cols
@@ -43,7 +43,7 @@ def _forward(res, upd, w, total, out, rstd, n_cols, eps, BLOCK: tl.constexpr):
     r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
     tl.store(rstd + row, r)
     weight = tl.load(w + cols, mask=on, other=0.0).to(tl.float32)
-    tl.store(out + at, (x * r * weight).to(out.dtype.element_ty), mask=on)
+    tl.store(out + row * out_stride + cols, (x * r * weight).to(out.dtype.element_ty), mask=on)
 
 
 @triton.jit
@@ -92,18 +92,23 @@ def _warps(block: int) -> int:
 class AddRMSNorm(torch.autograd.Function):
     """(rms_norm(residual + update) * weight, residual + update) for CUDA tensors of the same shape
     and dtype, the weight of the last dimension's size; the gradient of the sum reaches the residual
-    and the update alike."""
+    and the update alike. ``room`` > 0: the norm's output is written as the first columns of rows
+    that many columns wider (its rows that far apart), the spare columns left for its reader to fill
+    (``model.widen_lora_group``'s layers put x A^T there)."""
 
     @staticmethod
     def forward(
-        ctx: Any, residual: torch.Tensor, update: torch.Tensor, weight: torch.Tensor, eps: float
+        ctx: Any, residual: torch.Tensor, update: torch.Tensor, weight: torch.Tensor, eps: float, room: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor]:
         shape, n = residual.shape, residual.shape[-1]
         res, upd = residual.contiguous().view(-1, n), update.contiguous().view(-1, n)
-        total, out = torch.empty_like(res), torch.empty_like(res)
+        total = torch.empty_like(res)
+        out = res.new_empty(res.shape[0], n + room)[:, :n]
         rstd = torch.empty(res.shape[0], dtype=torch.float32, device=res.device)
         block = triton.next_power_of_2(n)
-        _forward[(res.shape[0],)](res, upd, weight, total, out, rstd, n, eps, BLOCK=block, num_warps=_warps(block))
+        _forward[(res.shape[0],)](
+            res, upd, weight, total, out, rstd, n, n + room, eps, BLOCK=block, num_warps=_warps(block)
+        )
         ctx.save_for_backward(total, weight, rstd)
         ctx.set_materialize_grads(False)
         return out.view(shape), total.view(shape)
@@ -112,7 +117,7 @@ class AddRMSNorm(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor | None, grad_total: torch.Tensor | None) -> tuple[Any, ...]:
         total, weight, rstd = ctx.saved_tensors
         if grad_out is None:  # only the sum was used
-            return grad_total, grad_total, None, None
+            return grad_total, grad_total, None, None, None
         rows, n = total.shape
         g = grad_out.contiguous().view(rows, n)
         dt = grad_total.contiguous().view(rows, n) if grad_total is not None else g  # (not read without it)
@@ -138,4 +143,4 @@ class AddRMSNorm(torch.autograd.Function):
             num_warps=_warps(block),
         )
         grad = grad.view(grad_out.shape)
-        return grad, grad, part.sum(0).to(weight.dtype) if w_grad else None, None
+        return grad, grad, part.sum(0).to(weight.dtype) if w_grad else None, None, None

@@ -7,7 +7,10 @@ way (``add_norm_kernel``; the blocks pass the stream on as a residual and an upd
 :class:`FusedTransformer`): liger's RMSNorm and its fused add + RMSNorm measured slower than torch's
 pair on an H200, forward and backward, at the 1B and 7B shapes, the weight trained or frozen
 (``bench/gpu/step_parts.py --only add_norm``: liger's backward runs one program per SM, each over
-its share of the rows in sequence).
+its share of the rows in sequence). Under LoRA the norm before attention writes its rows with spare
+columns past their ends, where q, k and v's LoRA layers put x A^T, so that each of them is one GEMM
+over [x | x A^T] with its widened weight [W | s B] (``model.widen_lora_group``) and no low-rank
+product is written apart and read again.
 
 Liger's RoPE rotates HF's rotate-half pairs (i, i+D/2) where ours rotates interleaved pairs
 (2i, 2i+1); :func:`apply` reorders the rows of each head of wq and wk (and their LoRA B) once,
@@ -31,6 +34,7 @@ from sweepbench.train.model import (
     Transformer,
     eager_plain,
     frozen_group,
+    widen_lora_group,
 )
 
 # rows of a loss chunk that keep its GEMMs efficient: the input's gradient of a chunk is a
@@ -79,16 +83,19 @@ class LigerFeedForward(FeedForward):
         return self.w2(liger_swiglu(*frozen_group(x, [self.w1, self.w3])))
 
 
-def add_norm(residual: torch.Tensor, update: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+def add_norm(
+    residual: torch.Tensor, update: torch.Tensor, norm: nn.Module, *, room: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(norm(residual + update), residual + update), ``norm`` an nn.RMSNorm: one Triton kernel each
-    way for plain CUDA tensors in eager steps (``add_norm_kernel.AddRMSNorm``), torch's ops otherwise
-    (under torch.compile Inductor fuses them itself; a DTensor, autocast)."""
+    way for plain CUDA tensors in eager steps (``add_norm_kernel.AddRMSNorm``, the norm's rows
+    ``room`` columns wider, spare for its reader), torch's ops otherwise (under torch.compile
+    Inductor fuses them itself; a DTensor, autocast)."""
     weight = norm.weight
     if residual.is_cuda and eager_plain(residual) and eager_plain(update) and type(weight.data) is torch.Tensor:
         from sweepbench.train.add_norm_kernel import AddRMSNorm
 
         eps = norm.eps if norm.eps is not None else torch.finfo(residual.dtype).eps
-        return AddRMSNorm.apply(residual, update, weight, eps)
+        return AddRMSNorm.apply(residual, update, weight, eps, room)
     total = residual + update
     return norm(total), total
 
@@ -104,7 +111,7 @@ class FusedBlock(Block):
         if update is None:
             n = self.attention_norm(x)
         else:
-            n, x = add_norm(x, update, self.attention_norm)
+            n, x = add_norm(x, update, self.attention_norm, room=self.attention.input_room)
         n, h = add_norm(x, self.attention(n, cos, sin), self.ffn_norm)
         return h, self.feed_forward(n)
 
@@ -177,5 +184,6 @@ def apply(model: Transformer, fused: str) -> None:
             proj.weight.copy_(to_rotate_half(proj.weight, hd))
             if isinstance(proj, LoRALinear):
                 proj.lora_b.copy_(to_rotate_half(proj.lora_b, hd))
+        att.input_room = widen_lora_group([att.wq, att.wk, att.wv])
     if model.output is not None:
         model.fused_loss = fused_cross_entropy

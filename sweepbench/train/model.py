@@ -35,10 +35,11 @@ class LoRALinear(nn.Module):
         self.lora_a = nn.Parameter(torch.empty(rank, in_features))
         self.lora_b = nn.Parameter(torch.empty(out_features, rank))
         self.scale = alpha / rank
+        self.wide: torch.Tensor | None = None  # [W | room] where widen_lora_group gave it one
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _fusable(x, [self]):
-            return _LoRAGroup.apply(x, (self.scale,), self.weight, self.lora_a, self.lora_b)[0]
+            return _LoRAGroup.apply(x, (self.scale,), None, self.weight, self.lora_a, self.lora_b)[0]
         # one kernel adds the scaled update (add's alpha), where a multiply and an add each read and
         # wrote the whole output
         return torch.add(F.linear(x, self.weight), F.linear(F.linear(x, self.lora_a), self.lora_b), alpha=self.scale)
@@ -80,9 +81,17 @@ class _LoRAGroup(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, x: torch.Tensor, scales: tuple[float, ...], *params: torch.Tensor
+        ctx: Any,
+        x: torch.Tensor,
+        scales: tuple[float, ...],
+        wides: tuple[torch.Tensor, ...] | None,
+        *params: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         x2 = x.reshape(-1, x.shape[-1])
+        wide = _wide_rows(x, wides[0].shape[1]) if wides is not None else None
+        if wide is not None:
+            assert wides is not None  # (for the type checker: wide comes from them)
+            return _LoRAGroup._forward_wide(ctx, x, wide, scales, wides, params)
         a_all = torch.cat(params[1::3]) if len(scales) > 1 else params[1]  # [sum of ranks, in]
         xa_all = x2 @ a_all.t()
         outs = []
@@ -96,9 +105,43 @@ class _LoRAGroup(torch.autograd.Function):
             y = x2.new_empty(x2.shape[0], weight.shape[0])
             torch.mm(xa, b.t(), out=y)
             outs.append(torch.addmm(y, x2, weight.t(), beta=scale, out=y).view(*x.shape[:-1], -1))
+        _LoRAGroup._keep(ctx, scales, x, xa_all, a_all, params)
+        return tuple(outs)
+
+    @staticmethod
+    def _keep(ctx: Any, scales: tuple[float, ...], *saved: Any) -> None:
+        x, xa_all, a_all, params = saved
         ctx.scales = scales
         ctx.set_materialize_grads(False)  # an unused output's gradient comes as None, not zeros
         ctx.save_for_backward(x, xa_all, a_all, *params)
+
+    @staticmethod
+    def _forward_wide(
+        ctx: Any,
+        x: torch.Tensor,
+        wide: torch.Tensor,
+        scales: tuple[float, ...],
+        wides: tuple[torch.Tensor, ...],
+        params: tuple[torch.Tensor, ...],
+    ) -> tuple[torch.Tensor, ...]:
+        """The forward where ``x``'s rows have room past their ends (``wide``: [tokens, in + room],
+        ``x`` its first ``in`` columns) and the weights are widened alike (:func:`widen_lora_group`):
+        x A^T goes into the room (zeros past the ranks), each widened weight's room gets s_i B_i in
+        layer i's columns, and each output is one GEMM over the widened input, y_i = [x | x A^T]
+        [W_i | s_i B_i]^T: no low-rank product written apart and read again. The backward is the
+        same as without the room: x and x A^T are kept as the columns of ``wide`` they are."""
+        d = x.shape[-1]
+        cols = _rank_cols(params)
+        width = cols[-1].stop
+        pad = wide.shape[1] - d - width
+        a_all = torch.cat([*params[1::3], *([params[1].new_zeros(pad, d)] if pad else [])])
+        torch.mm(wide[:, :d], a_all.t(), out=wide[:, d:])
+        tails = [w[:, d + c.start : d + c.stop] for w, c in zip(wides, cols)]
+        torch._foreach_copy_(tails, list(params[2::3]))  # B changes every step
+        if any(s != 1.0 for s in scales):
+            torch._foreach_mul_(tails, list(scales))
+        outs = [torch.mm(wide, w.t()).view(*x.shape[:-1], -1) for w in wides]
+        _LoRAGroup._keep(ctx, scales, x, wide[:, d : d + width], a_all[:width], params)
         return tuple(outs)
 
     @staticmethod
@@ -119,9 +162,9 @@ class _LoRAGroup(torch.autograd.Function):
                 continue
             g2 = g.reshape(-1, g.shape[-1])
             _mm_scaled(g2, b, scale, out=gxa_all[:, cols])
-            grad_bs.append(_mm_scaled(g2.t(), xa_all[:, cols], scale) if ctx.needs_input_grad[2 + 3 * i + 2] else None)
+            grad_bs.append(_mm_scaled(g2.t(), xa_all[:, cols], scale) if ctx.needs_input_grad[3 + 3 * i + 2] else None)
             terms.append((g2, weight))
-        wants_a = [ctx.needs_input_grad[2 + 3 * i + 1] and grads[i] is not None for i in range(n)]
+        wants_a = [ctx.needs_input_grad[3 + 3 * i + 1] and grads[i] is not None for i in range(n)]
         grad_a_all = gxa_all.t() @ x2 if any(wants_a) else None
         if ctx.needs_input_grad[0] and terms:
             # the low-rank term written first (a GEMM over the ranks), then each base term added onto
@@ -135,7 +178,69 @@ class _LoRAGroup(torch.autograd.Function):
         for i, cols in enumerate(all_cols):
             grad_a = grad_a_all[cols] if grad_a_all is not None and wants_a[i] else None
             param_grads += [None, grad_a, grad_bs[i]]
-        return (dx, None, *param_grads)
+        return (dx, None, None, *param_grads)
+
+
+ROOM_ALIGN = 64  # the widened GEMMs' inner size a multiple of this: 2048 + 48 measured slower than 2048 + 64
+
+
+def widen_lora_group(layers: list[nn.Module]) -> int:
+    """Give LoRA layers that read one input (q, k and v) widened weights, [W_i | room], W_i their
+    first columns (the weight becomes that view: no second copy), the room holding s_i B_i in layer
+    i's rank columns and zeros elsewhere (filled each forward); returns the room's width (the sum of
+    the ranks rounded up to :data:`ROOM_ALIGN`), 0 where the layers cannot take it (not all LoRA, or
+    a weight that is no plain frozen tensor of one dtype: quantized, a DTensor). An input handed
+    over with that many spare columns past each row's end (``fused.add_norm``'s ``room``) then runs
+    each layer as one GEMM (:meth:`_LoRAGroup._forward_wide`); any other input as before."""
+    loras = [m for m in layers if isinstance(m, LoRALinear)]
+    if not loras or len(loras) != len(layers):
+        return 0
+    d, dtype = loras[0].weight.shape[1], loras[0].weight.dtype
+    if not all(
+        type(m.weight.data) is torch.Tensor
+        and m.weight.dtype == dtype
+        and m.weight.shape[1] == d
+        and not m.weight.requires_grad
+        for m in loras
+    ):
+        return 0
+    ranks = sum(m.lora_a.shape[0] for m in loras)
+    room = -(-ranks // ROOM_ALIGN) * ROOM_ALIGN
+    for m in loras:
+        wide = m.weight.new_zeros(m.weight.shape[0], d + room)
+        wide[:, :d] = m.weight.data
+        m.weight.data = wide[:, :d]
+        m.wide = wide
+    return room
+
+
+def _widened(layers: list[LoRALinear]) -> tuple[torch.Tensor, ...] | None:
+    """The layers' widened weights, where each has one whose first columns are still its weight."""
+    wides = [m.wide for m in layers]
+    if any(w is None or w.data_ptr() != m.weight.data_ptr() for w, m in zip(wides, layers)):
+        return None
+    widths = {w.shape[1] for w in wides if w is not None}
+    return tuple(w for w in wides if w is not None) if len(widths) == 1 else None
+
+
+def _wide_rows(x: torch.Tensor, width: int) -> torch.Tensor | None:
+    """``x`` ([..., in]) as the first columns of a [rows, width] matrix, where it is laid out as one
+    (its rows ``width`` apart, densely, the storage reaching the last row's end), else None. Only
+    for an input whose maker left the spare columns to its reader (``fused.add_norm``'s ``room``):
+    the caller checks that the layers were widened for it."""
+    d = x.shape[-1]
+    if width <= d or x.stride(-1) != 1 or x.stride(-2) != width:
+        return None
+    for i in range(x.dim() - 2):
+        if x.stride(i) != x.shape[i + 1] * x.stride(i + 1):
+            return None
+    rows = x.numel() // d
+    if x.storage_offset() + rows * width > x.untyped_storage().nbytes() // x.element_size():
+        return None
+    # a tensor of its own over the same memory (set_, not a view of x): writing the spare columns
+    # leaves x's version as it is, since x's values do not change (a view's write would count as
+    # one to x, and autograd refuses that for an output of the function that made x)
+    return x.new_empty(0).set_(x.untyped_storage(), x.storage_offset(), (rows, width), (width, 1))
 
 
 def _rank_cols(params: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> list[slice]:
@@ -199,9 +304,10 @@ def frozen_group(x: torch.Tensor, layers: list[nn.Module]) -> list[torch.Tensor]
 def lora_group(x: torch.Tensor, layers: list[nn.Module]) -> list[torch.Tensor]:
     """The layers (each reading ``x``) applied to ``x``: in one :class:`_LoRAGroup` where they are
     all LoRA layers it can run, else one by one."""
-    if all(isinstance(m, LoRALinear) for m in layers) and _fusable(x, layers):  # type: ignore[arg-type]
-        params = [t for m in layers for t in (m.weight, m.lora_a, m.lora_b)]
-        return list(_LoRAGroup.apply(x, tuple(m.scale for m in layers), *params))
+    loras = [m for m in layers if isinstance(m, LoRALinear)]
+    if len(loras) == len(layers) and _fusable(x, loras):
+        params = [t for m in loras for t in (m.weight, m.lora_a, m.lora_b)]
+        return list(_LoRAGroup.apply(x, tuple(m.scale for m in loras), _widened(loras), *params))
     return [m(x) for m in layers]
 
 
@@ -244,6 +350,8 @@ class Attention(nn.Module):
         self.wv = _linear(d, shape.kv_dim, lora_rank, lora_alpha)
         self.wo = _linear(shape.num_heads * hd, d, lora_rank, lora_alpha)
         self.attn_fn: AttnFn = sdpa_attention  # context parallel swaps in the ring kernel
+        # spare columns past each row of the input that q, k and v's LoRA layers can use (widen_lora_group)
+        self.input_room = 0
         self.rope_fn = rope_pair  # (q, k, cos, sin) -> rotated (q, k); fused.py swaps in liger's
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,7 @@
 CUDA), run by Triton's interpreter on CPU tensors: forward and backward give what torch's add and
 F.rms_norm give, for fp32 and bf16, the weight trained or frozen, with and without a gradient reaching
 the sum from its other reader, at a width that is not a power of two and a row count that is not a
-multiple of the backward's rows per program."""
+multiple of the backward's rows per program; and with the norm written into wider rows (``room``)."""
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +38,18 @@ def check() -> None:
                     assert o.dtype == dtype and o.shape == r.shape, name
                     err, scale = (o.double() - r).abs().max().item(), r.abs().max().item()
                     assert err <= tol * scale, (name, dtype, trained, both, err, scale)
+    # room: the norm's output written as the first columns of rows that many columns wider (the
+    # spare ones left to its reader): the same values and gradients, its rows n + room apart
+    res, upd = (torch.randn(shape, generator=g, dtype=torch.bfloat16).requires_grad_() for _ in range(2))
+    weight = torch.rand(shape[-1], generator=g).add(0.5).to(torch.bfloat16)
+    d_out = torch.randn(shape, generator=g, dtype=torch.bfloat16)
+    outs = []
+    for room in (0, 64):
+        out, total = AddRMSNorm.apply(res, upd, weight, 1e-5, room)
+        assert out.shape == shape and out.stride()[-2:] == (shape[-1] + room, 1), (room, out.stride())
+        outs.append((out.detach().clone(), *torch.autograd.grad(out, [res, upd], d_out)))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
     print("add norm kernels ok")
 
 

@@ -20,6 +20,7 @@ from sweepbench.train.model import (
     frozen_group,
     lora_group,
     rope_tables,
+    widen_lora_group,
 )
 
 
@@ -151,6 +152,71 @@ def test_lora_layers_leave_the_input_without_a_gradient_where_it_needs_none() ->
     # and x A^T B^T (one per layer), and the backward's A gradients
     assert counted.ops["aten.addmm"] == 2 + 2 * len(layers) and counted.ops["aten.addmm_"] == 0, counted.ops
     assert counted.ops["aten.mm"] == 4, counted.ops
+
+
+def test_lora_layers_widened_for_an_input_with_room_run_each_output_as_one_matmul() -> None:
+    """q, k and v's LoRA layers given widened weights ([W | room], W still the weight's memory) and
+    an input whose rows have spare columns past their ends (as the fused norm writes it; here full
+    of NaN, as memory nobody wrote may be): the textbook outputs and gradients over two steps with
+    B changed between them (the room's s B refreshed), each output one matmul (no addmm onto a
+    low-rank product); the same layers on an input without room, as before."""
+    torch.manual_seed(0)
+
+    def layers() -> list[LoRALinear]:
+        torch.manual_seed(0)
+        made = [LoRALinear(32, out, rank=4, alpha=8.0) for out in (48, 16, 16)]  # scale 2
+        for m in made:
+            with torch.no_grad():
+                for p in m.parameters():
+                    p.normal_()
+        return made
+
+    plain, wide = layers(), layers()
+    room = widen_lora_group(wide)  # type: ignore[arg-type]
+    assert room == 64  # 3 x rank 4, rounded up to 64
+    for m in wide:
+        assert m.wide is not None and m.wide.shape == (m.weight.shape[0], 32 + room)
+        assert m.weight.data_ptr() == m.wide.data_ptr() and torch.equal(m.wide[:, 32:], torch.zeros_like(m.wide[:, 32:]))
+    x = torch.randn(2, 8, 32)
+    grads = [torch.randn(2, 8, m.weight.shape[0]) for m in plain]
+
+    def run(group: list[LoRALinear], inp: torch.Tensor) -> tuple[Any, ...]:
+        for m in group:
+            m.zero_grad(set_to_none=True)
+        inp = inp.detach().requires_grad_()
+        with _Ops() as counted:
+            outs = lora_group(inp, group)  # type: ignore[arg-type]
+        torch.autograd.backward(outs, grads)
+        return [o.detach() for o in outs], inp.grad, [(m.lora_a.grad, m.lora_b.grad) for m in group], counted.ops
+
+    close = {"rtol": 1e-4, "atol": 1e-4}
+    for _ in range(2):
+        rows = torch.full((16, 32 + room), float("nan"))
+        rows[:, :32] = x.reshape(16, 32)
+        with_room = rows[:, :32].view(2, 8, 32)
+        ref = run(plain, x)
+        for inp, forward_addmm in ((with_room, 0), (x, 3)):
+            got = run(wide, inp)
+            for a, b in zip(got[0], ref[0]):
+                torch.testing.assert_close(a, b, **close)
+            torch.testing.assert_close(got[1], ref[1], **close)
+            for (ga, gb), (ra, rb) in zip(got[2], ref[2]):
+                torch.testing.assert_close(ga, ra, **close)
+                torch.testing.assert_close(gb, rb, **close)
+            assert got[3]["aten.addmm"] == forward_addmm, got[3]
+        torch.testing.assert_close(ref[0][0], _textbook(plain[0], x).detach(), **close)
+        with torch.no_grad():  # an optimizer step on B
+            for group in (plain, wide):
+                for m in group:
+                    m.lora_b.add_(0.25)
+
+
+def test_only_lora_layers_of_plain_weights_are_widened() -> None:
+    lora = LoRALinear(32, 16, rank=4, alpha=8.0)
+    plain = torch.nn.Linear(32, 16, bias=False)
+    assert widen_lora_group([lora, plain]) == 0 and lora.wide is None
+    lora.weight.requires_grad_(True)  # a trained base weight gets no widened copy
+    assert widen_lora_group([lora]) == 0 and lora.wide is None
 
 
 @pytest.mark.parametrize(
