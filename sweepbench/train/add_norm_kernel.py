@@ -94,7 +94,7 @@ class AddRMSNorm(torch.autograd.Function):
     and dtype, the weight of the last dimension's size; the gradient of the sum reaches the residual
     and the update alike. ``room`` > 0: the norm's output is written as the first columns of rows
     that many columns wider (its rows that far apart), the spare columns left for its reader to fill
-    (``model.widen_lora_group``'s layers put x A^T there)."""
+    (``model.lora_room``: q, k and v's LoRA layers put x A^T there)."""
 
     @staticmethod
     def forward(

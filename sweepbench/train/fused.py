@@ -9,7 +9,7 @@ pair on an H200, forward and backward, at the 1B and 7B shapes, the weight train
 (``bench/gpu/step_parts.py --only add_norm``: liger's backward runs one program per SM, each over
 its share of the rows in sequence). Under LoRA the norm before attention writes its rows with spare
 columns past their ends, where q, k and v's LoRA layers put x A^T, so that each of them is one GEMM
-over [x | x A^T] with its widened weight [W | s B] (``model.widen_lora_group``) and no low-rank
+over [x | x A^T] with its widened weight [W | s B] (``model.lora_room``) and no low-rank
 product is written apart and read again.
 
 Liger's RoPE rotates HF's rotate-half pairs (i, i+D/2) where ours rotates interleaved pairs
@@ -34,7 +34,7 @@ from sweepbench.train.model import (
     Transformer,
     eager_plain,
     frozen_group,
-    widen_lora_group,
+    lora_room,
 )
 
 # rows of a loss chunk that keep its GEMMs efficient: the input's gradient of a chunk is a
@@ -184,6 +184,6 @@ def apply(model: Transformer, fused: str) -> None:
             proj.weight.copy_(to_rotate_half(proj.weight, hd))
             if isinstance(proj, LoRALinear):
                 proj.lora_b.copy_(to_rotate_half(proj.lora_b, hd))
-        att.input_room = widen_lora_group([att.wq, att.wk, att.wv])
+        att.input_room = lora_room([att.wq, att.wk, att.wv])
     if model.output is not None:
         model.fused_loss = fused_cross_entropy

@@ -35,7 +35,7 @@ class LoRALinear(nn.Module):
         self.lora_a = nn.Parameter(torch.empty(rank, in_features))
         self.lora_b = nn.Parameter(torch.empty(out_features, rank))
         self.scale = alpha / rank
-        self.wide: torch.Tensor | None = None  # [W | room] where widen_lora_group gave it one
+        self.wide: torch.Tensor | None = None  # [W | room], W the weight's memory, once an input had room (_widened)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _fusable(x, [self]):
@@ -109,8 +109,14 @@ class _LoRAGroup(torch.autograd.Function):
         return tuple(outs)
 
     @staticmethod
-    def _keep(ctx: Any, scales: tuple[float, ...], *saved: Any) -> None:
-        x, xa_all, a_all, params = saved
+    def _keep(
+        ctx: Any,
+        scales: tuple[float, ...],
+        x: torch.Tensor,
+        xa_all: torch.Tensor,
+        a_all: torch.Tensor,
+        params: tuple[torch.Tensor, ...],
+    ) -> None:
         ctx.scales = scales
         ctx.set_materialize_grads(False)  # an unused output's gradient comes as None, not zeros
         ctx.save_for_backward(x, xa_all, a_all, *params)
@@ -125,7 +131,7 @@ class _LoRAGroup(torch.autograd.Function):
         params: tuple[torch.Tensor, ...],
     ) -> tuple[torch.Tensor, ...]:
         """The forward where ``x``'s rows have room past their ends (``wide``: [tokens, in + room],
-        ``x`` its first ``in`` columns) and the weights are widened alike (:func:`widen_lora_group`):
+        ``x`` its first ``in`` columns) and the weights are widened alike (:func:`_widened`):
         x A^T goes into the room (zeros past the ranks), each widened weight's room gets s_i B_i in
         layer i's columns, and each output is one GEMM over the widened input, y_i = [x | x A^T]
         [W_i | s_i B_i]^T: no low-rank product written apart and read again. The backward is the
@@ -184,43 +190,35 @@ class _LoRAGroup(torch.autograd.Function):
 ROOM_ALIGN = 64  # the widened GEMMs' inner size a multiple of this: 2048 + 48 measured slower than 2048 + 64
 
 
-def widen_lora_group(layers: list[nn.Module]) -> int:
-    """Give LoRA layers that read one input (q, k and v) widened weights, [W_i | room], W_i their
-    first columns (the weight becomes that view: no second copy), the room holding s_i B_i in layer
-    i's rank columns and zeros elsewhere (filled each forward); returns the room's width (the sum of
-    the ranks rounded up to :data:`ROOM_ALIGN`), 0 where the layers cannot take it (not all LoRA, or
-    a weight that is no plain frozen tensor of one dtype: quantized, a DTensor). An input handed
-    over with that many spare columns past each row's end (``fused.add_norm``'s ``room``) then runs
-    each layer as one GEMM (:meth:`_LoRAGroup._forward_wide`); any other input as before."""
+def lora_room(layers: list[nn.Module]) -> int:
+    """The spare columns past each row of their input that LoRA layers reading it (q, k and v) can
+    use: the sum of their ranks rounded up to :data:`ROOM_ALIGN`; 0 unless all are LoRA layers. An
+    input handed over with that many (``fused.add_norm``'s ``room``) runs each layer as one GEMM
+    (:meth:`_LoRAGroup._forward_wide`, the weights widened by :func:`_widened`)."""
     loras = [m for m in layers if isinstance(m, LoRALinear)]
     if not loras or len(loras) != len(layers):
         return 0
-    d, dtype = loras[0].weight.shape[1], loras[0].weight.dtype
-    if not all(
-        type(m.weight.data) is torch.Tensor
-        and m.weight.dtype == dtype
-        and m.weight.shape[1] == d
-        and not m.weight.requires_grad
-        for m in loras
-    ):
-        return 0
-    ranks = sum(m.lora_a.shape[0] for m in loras)
-    room = -(-ranks // ROOM_ALIGN) * ROOM_ALIGN
-    for m in loras:
-        wide = m.weight.new_zeros(m.weight.shape[0], d + room)
-        wide[:, :d] = m.weight.data
-        m.weight.data = wide[:, :d]
-        m.wide = wide
-    return room
+    return -(-sum(m.lora_a.shape[0] for m in loras) // ROOM_ALIGN) * ROOM_ALIGN
 
 
-def _widened(layers: list[LoRALinear]) -> tuple[torch.Tensor, ...] | None:
-    """The layers' widened weights, where each has one whose first columns are still its weight."""
-    wides = [m.wide for m in layers]
-    if any(w is None or w.data_ptr() != m.weight.data_ptr() for w, m in zip(wides, layers)):
+def _widened(layers: list[LoRALinear], x: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+    """The layers' widened weights [W_i | room] where ``x`` has room for them (:func:`lora_room`
+    spare columns), else None; ``layers`` as :func:`_fusable` passed them (plain frozen weights of
+    ``x``'s dtype). The first such input widens them: W_i becomes the first columns of a
+    [out, in + room] buffer (the weight a view of it: no second copy), the room zeros until the
+    forward puts s_i B_i in layer i's rank columns. Widened where used, not before: a weight that
+    FSDP shards or a quantizer swaps is never given a buffer it would keep alive."""
+    room = lora_room(layers)  # type: ignore[arg-type]
+    d = x.shape[-1]
+    if not room or _wide_rows(x, d + room) is None:
         return None
-    widths = {w.shape[1] for w in wides if w is not None}
-    return tuple(w for w in wides if w is not None) if len(widths) == 1 else None
+    for m in layers:
+        if m.wide is None or m.wide.data_ptr() != m.weight.data_ptr() or m.wide.shape[1] != d + room:
+            wide = m.weight.new_zeros(m.weight.shape[0], d + room)
+            wide[:, :d] = m.weight.data
+            m.weight.data = wide[:, :d]
+            m.wide = wide
+    return tuple(m.wide for m in layers if m.wide is not None)
 
 
 def _wide_rows(x: torch.Tensor, width: int) -> torch.Tensor | None:
@@ -307,7 +305,7 @@ def lora_group(x: torch.Tensor, layers: list[nn.Module]) -> list[torch.Tensor]:
     loras = [m for m in layers if isinstance(m, LoRALinear)]
     if len(loras) == len(layers) and _fusable(x, loras):
         params = [t for m in loras for t in (m.weight, m.lora_a, m.lora_b)]
-        return list(_LoRAGroup.apply(x, tuple(m.scale for m in loras), _widened(loras), *params))
+        return list(_LoRAGroup.apply(x, tuple(m.scale for m in loras), _widened(loras, x), *params))
     return [m(x) for m in layers]
 
 
@@ -350,7 +348,7 @@ class Attention(nn.Module):
         self.wv = _linear(d, shape.kv_dim, lora_rank, lora_alpha)
         self.wo = _linear(shape.num_heads * hd, d, lora_rank, lora_alpha)
         self.attn_fn: AttnFn = sdpa_attention  # context parallel swaps in the ring kernel
-        # spare columns past each row of the input that q, k and v's LoRA layers can use (widen_lora_group)
+        # spare columns past each row of the input that q, k and v's LoRA layers can use (lora_room)
         self.input_room = 0
         self.rope_fn = rope_pair  # (q, k, cos, sin) -> rotated (q, k); fused.py swaps in liger's
 

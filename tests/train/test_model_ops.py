@@ -20,7 +20,7 @@ from sweepbench.train.model import (
     frozen_group,
     lora_group,
     rope_tables,
-    widen_lora_group,
+    lora_room,
 )
 
 
@@ -155,12 +155,12 @@ def test_lora_layers_leave_the_input_without_a_gradient_where_it_needs_none() ->
 
 
 def test_lora_layers_widened_for_an_input_with_room_run_each_output_as_one_matmul() -> None:
-    """q, k and v's LoRA layers given widened weights ([W | room], W still the weight's memory) and
-    an input whose rows have spare columns past their ends (as the fused norm writes it; here full
-    of NaN, as memory nobody wrote may be): the textbook outputs and gradients over two steps with
+    """q, k and v's LoRA layers on an input whose rows have spare columns past their ends (as the
+    fused norm writes it; here full of NaN, as memory nobody wrote may be): the first such input
+    widens their weights ([W | room], W still the weight's memory; an input without room before it
+    leaves them as they are), and they give the textbook outputs and gradients over two steps with
     B changed between them (the room's s B refreshed), each output one matmul (no addmm onto a
-    low-rank product); the same layers on an input without room, as before."""
-    torch.manual_seed(0)
+    low-rank product); the widened layers on an input without room, as before."""
 
     def layers() -> list[LoRALinear]:
         torch.manual_seed(0)
@@ -172,11 +172,8 @@ def test_lora_layers_widened_for_an_input_with_room_run_each_output_as_one_matmu
         return made
 
     plain, wide = layers(), layers()
-    room = widen_lora_group(wide)  # type: ignore[arg-type]
+    room = lora_room(wide)  # type: ignore[arg-type]
     assert room == 64  # 3 x rank 4, rounded up to 64
-    for m in wide:
-        assert m.wide is not None and m.wide.shape == (m.weight.shape[0], 32 + room)
-        assert m.weight.data_ptr() == m.wide.data_ptr() and torch.equal(m.wide[:, 32:], torch.zeros_like(m.wide[:, 32:]))
     x = torch.randn(2, 8, 32)
     grads = [torch.randn(2, 8, m.weight.shape[0]) for m in plain]
 
@@ -189,6 +186,8 @@ def test_lora_layers_widened_for_an_input_with_room_run_each_output_as_one_matmu
         torch.autograd.backward(outs, grads)
         return [o.detach() for o in outs], inp.grad, [(m.lora_a.grad, m.lora_b.grad) for m in group], counted.ops
 
+    run(wide, x)
+    assert all(m.wide is None and m.weight.is_contiguous() for m in wide)  # no room, nothing widened
     close = {"rtol": 1e-4, "atol": 1e-4}
     for _ in range(2):
         rows = torch.full((16, 32 + room), float("nan"))
@@ -204,6 +203,9 @@ def test_lora_layers_widened_for_an_input_with_room_run_each_output_as_one_matmu
                 torch.testing.assert_close(ga, ra, **close)
                 torch.testing.assert_close(gb, rb, **close)
             assert got[3]["aten.addmm"] == forward_addmm, got[3]
+        for m in wide:
+            assert m.wide is not None and m.wide.shape == (m.weight.shape[0], 32 + room)
+            assert m.weight.data_ptr() == m.wide.data_ptr()
         torch.testing.assert_close(ref[0][0], _textbook(plain[0], x).detach(), **close)
         with torch.no_grad():  # an optimizer step on B
             for group in (plain, wide):
@@ -211,12 +213,17 @@ def test_lora_layers_widened_for_an_input_with_room_run_each_output_as_one_matmu
                     m.lora_b.add_(0.25)
 
 
-def test_only_lora_layers_of_plain_weights_are_widened() -> None:
+def test_only_lora_layers_of_plain_frozen_weights_are_widened() -> None:
     lora = LoRALinear(32, 16, rank=4, alpha=8.0)
     plain = torch.nn.Linear(32, 16, bias=False)
-    assert widen_lora_group([lora, plain]) == 0 and lora.wide is None
-    lora.weight.requires_grad_(True)  # a trained base weight gets no widened copy
-    assert widen_lora_group([lora]) == 0 and lora.wide is None
+    assert lora_room([lora, plain]) == 0 and lora_room([lora]) == 64
+    with torch.no_grad():
+        for p in lora.parameters():
+            p.normal_()
+    rows = torch.zeros(4, 32 + 64)
+    lora.weight.requires_grad_(True)  # a trained base weight: the plain ops, nothing widened
+    lora_group(rows[:, :32], [lora])
+    assert lora.wide is None
 
 
 @pytest.mark.parametrize(
