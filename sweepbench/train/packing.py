@@ -189,7 +189,7 @@ def apply_padding_free(model: nn.Module, *, kernel: str) -> None:
         att.attn_fn = attn
 
     def pre_hook(module: nn.Module, args: tuple) -> tuple:
-        (x,) = args
+        x, *rest = args  # rest: the targets, where the fused loss takes them (fused=liger)
         if x.dim() != 3:
             return args
         tokens, positions = x[:, 0].reshape(1, -1), x[:, 1].reshape(-1)
@@ -200,7 +200,7 @@ def apply_padding_free(model: nn.Module, *, kernel: str) -> None:
         docs.offsets = offsets.to(torch.int32)
         docs.max_len = int((offsets[1:] - offsets[:-1]).max())
         module.positions = positions
-        return (tokens,)
+        return (tokens, *rest)
 
     model.register_forward_pre_hook(pre_hook)
 

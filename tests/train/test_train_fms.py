@@ -168,6 +168,30 @@ def test_packed_attention_that_crosses_documents_is_caught() -> None:
         check_documents(model, x, y, rtol=1e-5)
 
 
+def test_packed_batches_reach_a_fused_loss_with_their_targets() -> None:
+    """A padding-free model called as the fused recipe calls it, with the targets (its loss then
+    computed from the last hidden states, never the logits): the packed row is unpacked for it as for
+    the plain call, and the loss is the plain call's cross-entropy."""
+    import torch.nn.functional as F
+
+    from sweepbench.train.data import SyntheticTask
+    from sweepbench.train.packing import IGNORE, PackedTask
+    from sweepbench.train.plan import TrainPlan
+    from sweepbench.parallel.specs import ModelShape
+    from sweepbench.train.trainer import Trainer, TrainOptions
+
+    shape = ModelShape("t", 2, 32, 4, 2, 64, 128)
+    plan = TrainPlan(tp=1, pp=1, dp=1, cp=1, seq_len=64, micro_batch=2, global_batch=2, precision="fp32",
+                     stages_per_rank=1)
+    model = Trainer(shape, plan, TrainOptions(padding_free=True), device=torch.device("cpu")).parts[0]
+    x, y = PackedTask(SyntheticTask(vocab_size=128, seq_len=64, global_batch=2, seed=0), vocab_size=128).batch(0)
+    model.fused_loss = lambda w, h, t: F.cross_entropy(F.linear(h, w).flatten(0, 1), t.flatten(), ignore_index=IGNORE)
+    with torch.no_grad():
+        plain = F.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=IGNORE)
+        fused = model(x, y)
+    torch.testing.assert_close(fused, plain)
+
+
 BASE = ["benchmark=train", "model=tiny", "backend=gloo", "parallelism=tp1"]
 BAD = {
     "impl": (["benchmark.impl=nope"], "benchmark.impl='nope'; valid: fms_foak, fms_peft, hf, ours"),
