@@ -35,6 +35,7 @@ from sweepbench.train.model import (
     eager_plain,
     frozen_group,
     lora_room,
+    lora_split,
 )
 
 # rows of a loss chunk that keep its GEMMs efficient: the input's gradient of a chunk is a
@@ -100,6 +101,24 @@ def add_norm(
     return norm(total), total
 
 
+def add_projected_norm(
+    residual: torch.Tensor, x: torch.Tensor, proj: nn.Module, norm: nn.Module
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``add_norm(residual, proj(x), norm)``; where ``proj`` is a LoRA layer and the add + norm runs as
+    the Triton kernel, its low-rank update s (x A^T) B^T is added inside that kernel
+    (``add_norm_kernel.AddLoRARMSNorm``, the layer's two products by ``model.lora_split``), never
+    written as its own [tokens, width] product and read back."""
+    weight = norm.weight
+    if residual.is_cuda and eager_plain(residual) and type(weight.data) is torch.Tensor:
+        split = lora_split(x, proj)
+        if split is not None:
+            from sweepbench.train.add_norm_kernel import AddLoRARMSNorm
+
+            eps = norm.eps if norm.eps is not None else torch.finfo(residual.dtype).eps
+            return AddLoRARMSNorm.apply(residual, *split, proj.lora_b, weight, eps, proj.scale)
+    return add_norm(residual, proj(x), norm)
+
+
 class FusedBlock(Block):
     """The block on a residual stream passed on as (residual, update), not yet added: each residual
     add is one kernel with the RMSNorm that reads its sum (:func:`add_norm`). ``update`` None: ``x``
@@ -112,7 +131,7 @@ class FusedBlock(Block):
             n = self.attention_norm(x)
         else:
             n, x = add_norm(x, update, self.attention_norm, room=self.attention.input_room)
-        n, h = add_norm(x, self.attention(n, cos, sin), self.ffn_norm)
+        n, h = add_projected_norm(x, self.attention.attend(n, cos, sin), self.attention.wo, self.ffn_norm)
         return h, self.feed_forward(n)
 
 

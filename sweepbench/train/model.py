@@ -261,6 +261,44 @@ def _mm_scaled(a: torch.Tensor, b: torch.Tensor, scale: float, *, out: torch.Ten
     return torch.addmm(nothing, a, b, beta=0, alpha=scale, out=out)
 
 
+class _LoRASplit(torch.autograd.Function):
+    """A LoRA layer's two products over its input, x W^T and x A^T, for a reader that adds the
+    scaled update s (x A^T) B^T itself (``add_norm_kernel.AddLoRARMSNorm``); backward, dx = g_xa A +
+    g_y W (the low-rank term written first, the base added onto it by its GEMM's epilogue) and A's
+    gradient g_xa^T x, where g_xa already carries s."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x2 = x.reshape(-1, x.shape[-1])
+        ctx.save_for_backward(x, weight, a)
+        ctx.set_materialize_grads(False)
+        return (x2 @ weight.t()).view(*x.shape[:-1], -1), (x2 @ a.t()).view(*x.shape[:-1], -1)
+
+    @staticmethod
+    def backward(ctx: Any, g_y: torch.Tensor | None, g_xa: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        x, weight, a = ctx.saved_tensors
+        x2 = x.reshape(-1, x.shape[-1])
+        gxa2 = g_xa.reshape(-1, g_xa.shape[-1]) if g_xa is not None else None
+        dx: torch.Tensor | None = None
+        if ctx.needs_input_grad[0]:
+            if gxa2 is not None:
+                dx = torch.mm(gxa2, a)
+            if g_y is not None:
+                gy2 = g_y.reshape(-1, g_y.shape[-1])
+                dx = torch.mm(gy2, weight) if dx is None else dx.addmm_(gy2, weight)
+        grad_a = gxa2.t() @ x2 if gxa2 is not None and ctx.needs_input_grad[2] else None
+        return (dx.view(x.shape) if dx is not None else None), None, grad_a
+
+
+def lora_split(x: torch.Tensor, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(x W^T, x A^T) of a LoRA layer that :class:`_LoRASplit` can run on ``x``, for a reader that
+    adds s (x A^T) B^T itself; None for any other layer or input (run the layer whole)."""
+    if not isinstance(layer, LoRALinear) or not _fusable(x, [layer]):
+        return None
+    y, xa = _LoRASplit.apply(x, layer.weight, layer.lora_a)
+    return y, xa
+
+
 class _FrozenGroup(torch.autograd.Function):
     """Frozen linear layers that read the same input (w1 and w3 of a LoRA run's feed-forward): the
     outputs as the plain GEMMs; backward, dx = g_1 W_1 + g_2 W_2 ... by addmm into one buffer, where
@@ -353,12 +391,16 @@ class Attention(nn.Module):
         self.rope_fn = rope_pair  # (q, k, cos, sin) -> rotated (q, k); fused.py swaps in liger's
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return self.wo(self.attend(x, cos, sin))
+
+    def attend(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The heads' attention output before the output projection, [batch, seq, heads x head_dim]."""
         bsz, seq, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds whole heads, fewer of them
         q, k, v = (t.view(bsz, seq, -1, self.head_dim) for t in lora_group(x, [self.wq, self.wk, self.wv]))
         q, k = self.rope_fn(q, k, cos, sin)
         out = self.attn_fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
+        return out.transpose(1, 2).reshape(bsz, seq, -1)
 
 
 class FeedForward(nn.Module):
