@@ -9,8 +9,9 @@ pair on an H200, forward and backward, at the 1B and 7B shapes, the weight train
 (``bench/gpu/step_parts.py --only add_norm``: liger's backward runs one program per SM, each over
 its share of the rows in sequence). Under LoRA the norm before attention writes its rows with spare
 columns past their ends, where q, k and v's LoRA layers put x A^T, so that each of them is one GEMM
-over [x | x A^T] with its widened weight [W | s B] (``model.lora_room``) and no low-rank
-product is written apart and read again.
+over [x | x A^T] with its widened weight [W | s B] (``model.lora_room``), and the output
+projection's update s (x A^T) B^T is added inside the add + norm kernel that reads the projection's
+output (:func:`add_projected_norm`): no low-rank product is written apart and read again.
 
 Liger's RoPE rotates HF's rotate-half pairs (i, i+D/2) where ours rotates interleaved pairs
 (2i, 2i+1); :func:`apply` reorders the rows of each head of wq and wk (and their LoRA B) once,
