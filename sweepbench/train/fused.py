@@ -92,12 +92,11 @@ def add_norm(
     way for plain CUDA tensors in eager steps (``add_norm_kernel.AddRMSNorm``, the norm's rows
     ``room`` columns wider, spare for its reader), torch's ops otherwise (under torch.compile
     Inductor fuses them itself; a DTensor, autocast)."""
-    weight = norm.weight
-    if residual.is_cuda and eager_plain(residual) and eager_plain(update) and type(weight.data) is torch.Tensor:
+    eps = _kernel_eps(residual, norm)
+    if eps is not None and eager_plain(update):
         from sweepbench.train.add_norm_kernel import AddRMSNorm
 
-        eps = norm.eps if norm.eps is not None else torch.finfo(residual.dtype).eps
-        return AddRMSNorm.apply(residual, update, weight, eps, room)
+        return AddRMSNorm.apply(residual, update, norm.weight, eps, room)
     total = residual + update
     return norm(total), total
 
@@ -109,15 +108,22 @@ def add_projected_norm(
     the Triton kernel, its low-rank update s (x A^T) B^T is added inside that kernel
     (``add_norm_kernel.AddLoRARMSNorm``, the layer's two products by ``model.lora_split``), never
     written as its own [tokens, width] product and read back."""
-    weight = norm.weight
-    if residual.is_cuda and eager_plain(residual) and type(weight.data) is torch.Tensor:
-        split = lora_split(x, proj)
-        if split is not None:
-            from sweepbench.train.add_norm_kernel import AddLoRARMSNorm
+    eps = _kernel_eps(residual, norm)
+    split = lora_split(x, proj) if eps is not None else None
+    if split is not None:
+        from sweepbench.train.add_norm_kernel import AddLoRARMSNorm
 
-            eps = norm.eps if norm.eps is not None else torch.finfo(residual.dtype).eps
-            return AddLoRARMSNorm.apply(residual, *split, proj.lora_b, weight, eps, proj.scale)
+        return AddLoRARMSNorm.apply(residual, *split, proj.lora_b, norm.weight, eps, proj.scale)
     return add_norm(residual, proj(x), norm)
+
+
+def _kernel_eps(residual: torch.Tensor, norm: nn.Module) -> float | None:
+    """The norm's epsilon where the add + norm may run as the Triton kernels (a plain CUDA stream in
+    an eager step, the norm's weight a plain tensor), else None (torch's ops)."""
+    if not (residual.is_cuda and eager_plain(residual) and type(norm.weight.data) is torch.Tensor):
+        return None
+    eps: float | None = getattr(norm, "eps", None)  # nn.RMSNorm's: None for its dtype's epsilon
+    return eps if eps is not None else torch.finfo(residual.dtype).eps
 
 
 class FusedBlock(Block):

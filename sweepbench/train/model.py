@@ -84,14 +84,12 @@ class _LoRAGroup(torch.autograd.Function):
         ctx: Any,
         x: torch.Tensor,
         scales: tuple[float, ...],
-        wides: tuple[torch.Tensor, ...] | None,
+        widened: tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None,
         *params: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
+        if widened is not None:  # (x's rows with room, the widened weights): _widened
+            return _LoRAGroup._forward_wide(ctx, x, *widened, scales, params)
         x2 = x.reshape(-1, x.shape[-1])
-        wide = _wide_rows(x, wides[0].shape[1]) if wides is not None else None
-        if wide is not None:
-            assert wides is not None  # (for the type checker: wide comes from them)
-            return _LoRAGroup._forward_wide(ctx, x, wide, scales, wides, params)
         a_all = torch.cat(params[1::3]) if len(scales) > 1 else params[1]  # [sum of ranks, in]
         xa_all = x2 @ a_all.t()
         outs = []
@@ -126,8 +124,8 @@ class _LoRAGroup(torch.autograd.Function):
         ctx: Any,
         x: torch.Tensor,
         wide: torch.Tensor,
-        scales: tuple[float, ...],
         wides: tuple[torch.Tensor, ...],
+        scales: tuple[float, ...],
         params: tuple[torch.Tensor, ...],
     ) -> tuple[torch.Tensor, ...]:
         """The forward where ``x``'s rows have room past their ends (``wide``: [tokens, in + room],
@@ -201,16 +199,18 @@ def lora_room(layers: list[nn.Module]) -> int:
     return -(-sum(m.lora_a.shape[0] for m in loras) // ROOM_ALIGN) * ROOM_ALIGN
 
 
-def _widened(layers: list[LoRALinear], x: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
-    """The layers' widened weights [W_i | room] where ``x`` has room for them (:func:`lora_room`
-    spare columns), else None; ``layers`` as :func:`_fusable` passed them (plain frozen weights of
+def _widened(layers: list[LoRALinear], x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None:
+    """(``x``'s rows with their room as one [rows, in + room] matrix (:func:`_wide_rows`), the
+    layers' widened weights [W_i | room]) where ``x`` has room for them (:func:`lora_room` spare
+    columns), else None; ``layers`` as :func:`_fusable` passed them (plain frozen weights of
     ``x``'s dtype). The first such input widens them: W_i becomes the first columns of a
     [out, in + room] buffer (the weight a view of it: no second copy), the room zeros until the
     forward puts s_i B_i in layer i's rank columns. Widened where used, not before: a weight that
     FSDP shards or a quantizer swaps is never given a buffer it would keep alive."""
     room = lora_room(layers)  # type: ignore[arg-type]
     d = x.shape[-1]
-    if not room or _wide_rows(x, d + room) is None:
+    wide_rows = _wide_rows(x, d + room) if room else None
+    if wide_rows is None:
         return None
     for m in layers:
         if m.wide is None or m.wide.data_ptr() != m.weight.data_ptr() or m.wide.shape[1] != d + room:
@@ -218,7 +218,7 @@ def _widened(layers: list[LoRALinear], x: torch.Tensor) -> tuple[torch.Tensor, .
             wide[:, :d] = m.weight.data
             m.weight.data = wide[:, :d]
             m.wide = wide
-    return tuple(m.wide for m in layers if m.wide is not None)
+    return wide_rows, tuple(m.wide for m in layers if m.wide is not None)
 
 
 def _wide_rows(x: torch.Tensor, width: int) -> torch.Tensor | None:
